@@ -1,0 +1,152 @@
+// Public entry points: validate the params once, then hand them to the device's kernels.
+#include <cstdarg>
+#include <cstdio>
+
+#include "attnrnn/attnrnn.h"
+#include "kernels.h"
+
+namespace attnrnn {
+
+namespace {
+thread_local char g_last_error[512] = "";
+}  // namespace
+
+Status fail(Status status, const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(g_last_error, sizeof g_last_error, fmt, args);
+  va_end(args);
+  return status;
+}
+
+const char* last_error_message() { return g_last_error; }
+
+const char* status_string(Status status) {
+  switch (status) {
+    case Status::kSuccess: return "success";
+    case Status::kInvalidArgument: return "invalid argument";
+    case Status::kNotImplemented: return "not implemented";
+    case Status::kNotCompiled: return "not compiled";
+    case Status::kDeviceError: return "device error";
+  }
+  return "unknown status";
+}
+
+bool built_with_cuda() {
+#ifdef ATTNRNN_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;
+
+#define ATTNRNN_REQUIRE(cond, ...) \
+  do {                             \
+    if (!(cond)) return fail(Status::kInvalidArgument, __VA_ARGS__); \
+  } while (0)
+
+Status check_common(int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim_k,
+                    int64_t head_dim_v, double eps) {
+  ATTNRNN_REQUIRE(batch >= 0, "batch must be >= 0, got %lld", (long long)batch);
+  ATTNRNN_REQUIRE(num_heads >= 1, "num_heads must be >= 1, got %lld", (long long)num_heads);
+  ATTNRNN_REQUIRE(num_kv_heads >= 1 && num_heads % num_kv_heads == 0,
+                  "num_kv_heads must divide num_heads (%lld), got %lld", (long long)num_heads,
+                  (long long)num_kv_heads);
+  ATTNRNN_REQUIRE(head_dim_k >= 1 && head_dim_k <= kMaxHeadDim,
+                  "head_dim_k must be in [1, 256], got %lld", (long long)head_dim_k);
+  ATTNRNN_REQUIRE(head_dim_v >= 1 && head_dim_v <= kMaxHeadDim,
+                  "head_dim_v must be in [1, 256], got %lld", (long long)head_dim_v);
+  ATTNRNN_REQUIRE(eps >= 0, "eps must be >= 0, got %g", eps);
+  return Status::kSuccess;
+}
+
+Status check_sequence(const LinearAttnParams& p, bool backward) {
+  Status s = check_common(p.batch, p.num_heads, p.num_kv_heads, p.head_dim_k, p.head_dim_v, p.eps);
+  if (s != Status::kSuccess) return s;
+  ATTNRNN_REQUIRE(p.seqlen >= 0, "seqlen must be >= 0, got %lld", (long long)p.seqlen);
+  ATTNRNN_REQUIRE(p.chunk_size >= 0 && p.chunk_size <= 1024,
+                  "chunk_size must be in [0, 1024] (0 = default), got %lld", (long long)p.chunk_size);
+  if (p.cu_seqlens != nullptr) {
+    ATTNRNN_REQUIRE(p.batch == 1, "batch must be 1 with cu_seqlens, got %lld", (long long)p.batch);
+    ATTNRNN_REQUIRE(p.num_seqs >= 0, "num_seqs must be >= 0, got %lld", (long long)p.num_seqs);
+  }
+  const bool empty = p.batch == 0 || p.seqlen == 0;
+  if (!empty) {
+    ATTNRNN_REQUIRE(p.q.data && p.k.data && p.v.data, "q, k and v must not be null");
+    if (!backward) ATTNRNN_REQUIRE(p.o.data, "o must not be null");
+  }
+  if (backward && !empty) {
+    ATTNRNN_REQUIRE(p.dout.data, "dout must not be null");
+    ATTNRNN_REQUIRE(p.dq.data && p.dk.data && p.dv.data, "dq, dk and dv must not be null");
+  }
+  if (!p.normalize) {
+    ATTNRNN_REQUIRE(p.initial_z == nullptr && p.final_z == nullptr && p.d_final_z == nullptr &&
+                        p.d_initial_z == nullptr,
+                    "z pointers must be null when normalize is false");
+  }
+  return Status::kSuccess;
+}
+
+Status check_step(const LinearAttnStepParams& p) {
+  Status s = check_common(p.batch, p.num_heads, p.num_kv_heads, p.head_dim_k, p.head_dim_v, p.eps);
+  if (s != Status::kSuccess) return s;
+  ATTNRNN_REQUIRE(p.pool_size >= 0, "pool_size must be >= 0, got %lld", (long long)p.pool_size);
+  if (p.state_indices == nullptr) {
+    ATTNRNN_REQUIRE(p.pool_size >= p.batch,
+                    "pool_size (%lld) must be >= batch (%lld) without state_indices",
+                    (long long)p.pool_size, (long long)p.batch);
+  }
+  if (p.batch > 0) {
+    ATTNRNN_REQUIRE(p.q.data && p.k.data && p.v.data && p.o.data, "q, k, v and o must not be null");
+    ATTNRNN_REQUIRE(p.S != nullptr, "S must not be null");
+    ATTNRNN_REQUIRE(!p.normalize || p.z != nullptr, "z must not be null when normalize is true");
+  }
+  return Status::kSuccess;
+}
+
+#undef ATTNRNN_REQUIRE
+
+#ifdef ATTNRNN_WITH_CUDA
+#define ATTNRNN_CUDA_KERNEL(name) cuda::name
+#else
+#define ATTNRNN_CUDA_KERNEL(name) nullptr
+#endif
+
+template <class Params>
+using Kernel = Status (*)(const Params&);
+
+template <class Params>
+Status dispatch(const Params& p, Status checked, Kernel<Params> on_cpu, Kernel<Params> on_cuda) {
+  if (checked != Status::kSuccess) return checked;
+  switch (p.device) {
+    case Device::kCPU: return on_cpu(p);
+    case Device::kCUDA:
+      if (on_cuda == nullptr) return fail(Status::kNotCompiled, "attnrnn was built without CUDA kernels");
+      return on_cuda(p);
+  }
+  return fail(Status::kInvalidArgument, "unknown device %d", static_cast<int>(p.device));
+}
+
+}  // namespace
+
+Status chunk_linear_attn_fwd(const LinearAttnParams& p) {
+  return dispatch(p, check_sequence(p, false), cpu::chunk_fwd, ATTNRNN_CUDA_KERNEL(chunk_fwd));
+}
+Status chunk_linear_attn_bwd(const LinearAttnParams& p) {
+  return dispatch(p, check_sequence(p, true), cpu::chunk_bwd, ATTNRNN_CUDA_KERNEL(chunk_bwd));
+}
+Status recurrent_linear_attn_fwd(const LinearAttnParams& p) {
+  return dispatch(p, check_sequence(p, false), cpu::recurrent_fwd, ATTNRNN_CUDA_KERNEL(recurrent_fwd));
+}
+Status recurrent_linear_attn_bwd(const LinearAttnParams& p) {
+  return dispatch(p, check_sequence(p, true), cpu::recurrent_bwd, ATTNRNN_CUDA_KERNEL(recurrent_bwd));
+}
+Status linear_attn_step(const LinearAttnStepParams& p) {
+  return dispatch(p, check_step(p), cpu::step, ATTNRNN_CUDA_KERNEL(step));
+}
+
+}  // namespace attnrnn

@@ -1,0 +1,28 @@
+// Internal entry points behind the public API: one set per device. api.cpp validates the params
+// once and then calls exactly one of these.
+#pragma once
+
+#include "attnrnn/attnrnn.h"
+
+namespace attnrnn {
+
+// Records the detail of a failing status for last_error_message() and returns the status.
+Status fail(Status status, const char* fmt, ...);
+
+namespace cpu {
+Status chunk_fwd(const LinearAttnParams& p);
+Status chunk_bwd(const LinearAttnParams& p);
+Status recurrent_fwd(const LinearAttnParams& p);
+Status recurrent_bwd(const LinearAttnParams& p);
+Status step(const LinearAttnStepParams& p);
+}  // namespace cpu
+
+namespace cuda {
+Status chunk_fwd(const LinearAttnParams& p);
+Status chunk_bwd(const LinearAttnParams& p);
+Status recurrent_fwd(const LinearAttnParams& p);
+Status recurrent_bwd(const LinearAttnParams& p);
+Status step(const LinearAttnStepParams& p);
+}  // namespace cuda
+
+}  // namespace attnrnn

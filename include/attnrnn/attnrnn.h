@@ -1,0 +1,150 @@
+// attnrnn: causal linear attention as an RNN. Torch-free C++17 API.
+//
+// Every op takes one plain params struct of raw pointers, element strides and options, and returns
+// a Status. The library never allocates device memory behind the caller's back, never synchronizes
+// a device and never calls exit(); CPU kernels may allocate host scratch.
+//
+// Shapes (elements; the last dimension of every q/k/v/o view has unit stride):
+//   q, o, do, dq : [B, T, H,   K] / [B, T, H, V]
+//   k, dk        : [B, T, Hkv, K]
+//   v, dv        : [B, T, Hkv, V]
+//   S            : [N, Hkv, K, V] contiguous, state type (see state_dtype)
+//   z            : [N, Hkv, K]    contiguous, state type
+// N = B, or the number of sequences when cu_seqlens packs them along T (then B == 1).
+// Query head h reads key/value head h / (H / Hkv).
+//
+// Math, with q' = scale * phi(q), k' = phi(k):
+//   S_t = S_{t-1} + k'_t^T v_t,  z_t = z_{t-1} + k'_t,
+//   o_t = q'_t S_t / (q'_t . z_t + eps)   (normalize)   or   q'_t S_t   (otherwise).
+#pragma once
+
+#include <cstdint>
+
+namespace attnrnn {
+
+enum class Status : int {
+  kSuccess = 0,
+  kInvalidArgument = 1,   // a params field is out of range; status_message() says which
+  kNotImplemented = 2,    // the combination exists in the API but not for this device yet
+  kNotCompiled = 3,       // the library was built without support for the requested device
+  kDeviceError = 4,       // a CUDA runtime call failed
+};
+
+// Human-readable name of a status code.
+const char* status_string(Status status);
+
+// Detail of the last non-success status returned on this thread (names the offending field).
+const char* last_error_message();
+
+enum class DType : int { kFloat64 = 0, kFloat32 = 1, kFloat16 = 2, kBFloat16 = 3 };
+
+// The state and accumulators are float64 for float64 inputs and float32 otherwise.
+inline DType state_dtype(DType input) { return input == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32; }
+
+enum class FeatureMap : int {
+  kIdentity = 0,  // phi(x) = x
+  kElu1 = 1,      // phi(x) = elu(x) + 1 = x + 1 (x > 0), exp(x) (x <= 0)
+  kRelu = 2,      // phi(x) = max(x, 0)
+};
+
+enum class Device : int { kCPU = 0, kCUDA = 1 };
+
+// How CPU kernels run work items in parallel. The default (parallel_for == nullptr) uses the
+// library's own threads; the PyTorch glue plugs in at::parallel_for so torch.set_num_threads applies.
+struct CpuExecutor {
+  using Body = void (*)(void* body_ctx, int64_t begin, int64_t end);
+  // Must call body(body_ctx, b, e) over disjoint ranges covering [0, n) and return when all are done.
+  void (*parallel_for)(void* self, int64_t n, int64_t grain, Body body, void* body_ctx) = nullptr;
+  void* self = nullptr;
+  int num_threads = 0;  // used by the default executor; 0 = std::thread::hardware_concurrency()
+};
+
+// A [B, T, H, D] tensor with unit stride on D; strides in elements.
+struct ConstView {
+  const void* data = nullptr;
+  int64_t stride_b = 0, stride_t = 0, stride_h = 0;
+};
+struct MutView {
+  void* data = nullptr;
+  int64_t stride_b = 0, stride_t = 0, stride_h = 0;
+};
+
+// Chunkwise and recurrent forms, forward and backward.
+struct LinearAttnParams {
+  Device device = Device::kCPU;
+  void* stream = nullptr;  // cudaStream_t for Device::kCUDA
+  DType dtype = DType::kFloat32;
+
+  int64_t batch = 0, seqlen = 0;
+  int64_t num_heads = 0, num_kv_heads = 0;
+  int64_t head_dim_k = 0, head_dim_v = 0;
+
+  // Variable-length packing: [num_seqs + 1] offsets into T (int32 or int64), batch must be 1.
+  const void* cu_seqlens = nullptr;
+  bool cu_seqlens_int64 = false;
+  int64_t num_seqs = 0;  // N when cu_seqlens is set
+
+  ConstView q, k, v;
+  MutView o;  // forward output
+
+  const void* initial_S = nullptr;  // optional; zeros when null
+  const void* initial_z = nullptr;  // optional (normalize only)
+  void* final_S = nullptr;          // optional forward output
+  void* final_z = nullptr;          // optional forward output (normalize only)
+
+  // Backward.
+  ConstView dout;
+  MutView dq, dk, dv;
+  const void* d_final_S = nullptr;  // optional gradient flowing into the final state
+  const void* d_final_z = nullptr;
+  void* d_initial_S = nullptr;      // optional outputs
+  void* d_initial_z = nullptr;
+
+  double scale = 1.0;
+  double eps = 1e-6;
+  FeatureMap feature_map = FeatureMap::kIdentity;
+  bool normalize = false;
+  int64_t chunk_size = 0;  // 0 = the kernel's own choice; chunk ops only
+
+  CpuExecutor executor;
+};
+
+// One decode step per sequence: the state rows are updated in place.
+struct LinearAttnStepParams {
+  Device device = Device::kCPU;
+  void* stream = nullptr;
+  DType dtype = DType::kFloat32;
+
+  int64_t batch = 0, num_heads = 0, num_kv_heads = 0, head_dim_k = 0, head_dim_v = 0;
+
+  // [B, H, K] / [B, Hkv, K] / [B, Hkv, V] / [B, H, V]; stride_t is unused.
+  ConstView q, k, v;
+  MutView o;
+
+  void* S = nullptr;  // state pool [P, Hkv, K, V], updated in place
+  void* z = nullptr;  // [P, Hkv, K] (normalize only)
+  int64_t pool_size = 0;
+
+  // Optional [B] rows of the pool per batch entry (int32 or int64); negative = skip (o is zeroed).
+  // Null means row b for batch entry b (pool_size >= batch).
+  const void* state_indices = nullptr;
+  bool state_indices_int64 = false;
+
+  double scale = 1.0;
+  double eps = 1e-6;
+  FeatureMap feature_map = FeatureMap::kIdentity;
+  bool normalize = false;
+
+  CpuExecutor executor;
+};
+
+Status chunk_linear_attn_fwd(const LinearAttnParams& params);
+Status chunk_linear_attn_bwd(const LinearAttnParams& params);
+Status recurrent_linear_attn_fwd(const LinearAttnParams& params);
+Status recurrent_linear_attn_bwd(const LinearAttnParams& params);
+Status linear_attn_step(const LinearAttnStepParams& params);
+
+// True when the library was built with its CUDA kernels.
+bool built_with_cuda();
+
+}  // namespace attnrnn
