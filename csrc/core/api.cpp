@@ -116,11 +116,16 @@ Status check_step(const LinearAttnStepParams& p) {
 #define ATTNRNN_CUDA_KERNEL(name) nullptr
 #endif
 
+// A kernel entry point; a member typedef so that nullptr (no CUDA build) does not take part in
+// template argument deduction.
 template <class Params>
-using Kernel = Status (*)(const Params&);
+struct KernelOf {
+  using type = Status (*)(const Params&);
+};
 
 template <class Params>
-Status dispatch(const Params& p, Status checked, Kernel<Params> on_cpu, Kernel<Params> on_cuda) {
+Status dispatch(const Params& p, Status checked, typename KernelOf<Params>::type on_cpu,
+                typename KernelOf<Params>::type on_cuda) {
   if (checked != Status::kSuccess) return checked;
   switch (p.device) {
     case Device::kCPU: return on_cpu(p);

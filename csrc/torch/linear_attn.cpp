@@ -1,0 +1,420 @@
+// ATen glue of the linear-attention ops: check every argument (naming it in the error), allocate
+// outputs, fill the torch-free params struct, pick the device's stream, and turn a status into an
+// exception. No math lives here.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+
+#ifdef ATTNRNN_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <cmath>
+#include <sstream>
+#include <string>
+
+#include "attnrnn/attnrnn.h"
+#include "attnrnn/torch.h"
+
+namespace attnrnn::aten {
+
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+std::string shape_of(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+DType dtype_of(const at::Tensor& t, const char* op, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kDouble: return DType::kFloat64;
+    case at::kFloat: return DType::kFloat32;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    default:
+      TORCH_CHECK_VALUE(false, op, ": ", name,
+                        " must be float64, float32, float16 or bfloat16, got ", t.scalar_type());
+  }
+}
+
+at::ScalarType state_scalar_type(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+FeatureMap parse_feature_map(std::string_view name, const char* op) {
+  if (name == "identity") return FeatureMap::kIdentity;
+  if (name == "elu1") return FeatureMap::kElu1;
+  if (name == "relu") return FeatureMap::kRelu;
+  TORCH_CHECK_VALUE(false, op, ": feature_map must be 'identity', 'elu1' or 'relu', got '",
+                    std::string(name), "'");
+}
+
+void check_same_device(const at::Tensor& t, const at::Tensor& q, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.device() == q.device(), op, ": ", name, " must be on the device of q (",
+                    q.device(), "), got ", t.device());
+}
+
+void check_rank(const at::Tensor& t, int64_t rank, const char* op, const char* name, const char* layout) {
+  TORCH_CHECK_VALUE(t.dim() == rank, op, ": ", name, " must be a ", rank, "-D tensor ", layout,
+                    ", got shape ", shape_of(t));
+}
+
+void check_unit_last_stride(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.size(-1) <= 1 || t.stride(-1) == 1, op, ": ", name,
+                    " must have unit stride in its last dimension, got strides ", t.strides());
+}
+
+void check_exact_shape(const at::Tensor& t, at::IntArrayRef expected, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.sizes() == expected, op, ": ", name, " must have shape ", expected, ", got ",
+                    t.sizes());
+}
+
+// A state tensor (S or z, or their gradients): on q's device, state dtype, the given shape.
+at::Tensor checked_state(const at::Tensor& t, const at::Tensor& q, at::IntArrayRef shape, const char* op,
+                         const char* name) {
+  check_same_device(t, q, op, name);
+  TORCH_CHECK_VALUE(t.scalar_type() == state_scalar_type(q), op, ": ", name, " must be ",
+                    state_scalar_type(q), " (the state type for ", q.scalar_type(), " inputs), got ",
+                    t.scalar_type());
+  check_exact_shape(t, shape, op, name);
+  return t.contiguous();
+}
+
+ConstView const_view(const at::Tensor& t) {
+  return ConstView{t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
+}
+MutView mut_view(const at::Tensor& t) { return MutView{t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)}; }
+
+void* mut_data_or_null(const at::Tensor& t) { return t.numel() > 0 ? t.data_ptr() : nullptr; }
+
+void aten_parallel_for(void*, int64_t n, int64_t grain, CpuExecutor::Body body, void* ctx) {
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { body(ctx, begin, end); });
+}
+
+template <class Params>
+void set_device(Params& p, const at::Tensor& q) {
+  p.executor.parallel_for = aten_parallel_for;
+  if (q.is_cuda()) {
+    p.device = Device::kCUDA;
+#ifdef ATTNRNN_TORCH_CUDA
+    p.stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+#endif
+  } else {
+    TORCH_CHECK_VALUE(q.is_cpu(), "attnrnn: tensors must be on CPU or CUDA, got ", q.device());
+    p.device = Device::kCPU;
+  }
+}
+
+void check_status(Status status, const char* op) {
+  if (status == Status::kSuccess) return;
+  const std::string detail = last_error_message();
+  TORCH_CHECK_VALUE(status != Status::kInvalidArgument, op, ": ", detail);
+  TORCH_CHECK_NOT_IMPLEMENTED(status != Status::kNotImplemented && status != Status::kNotCompiled, op,
+                              ": ", detail);
+  TORCH_CHECK(false, op, ": ", status_string(status), ": ", detail);
+}
+
+// Everything the forward and backward of both forms need to know about (q, k, v, state, varlen).
+struct SequenceArgs {
+  LinearAttnParams params;
+  at::Tensor initial_S, initial_z, cu_seqlens;  // kept alive (contiguous copies when needed)
+  int64_t num_states = 0;                       // N
+};
+
+void check_cu_seqlens_values(const at::Tensor& cu, int64_t seqlen, const char* op) {
+  if (!cu.is_cpu()) return;  // device values are not read back: that would synchronize
+  const at::Tensor values = cu.to(at::kLong);
+  const int64_t* c = values.data_ptr<int64_t>();
+  const int64_t n = values.numel();
+  TORCH_CHECK_VALUE(c[0] == 0, op, ": cu_seqlens must start at 0, got ", c[0]);
+  TORCH_CHECK_VALUE(c[n - 1] == seqlen, op, ": cu_seqlens must end at the sequence length T = ", seqlen,
+                    ", got ", c[n - 1]);
+  for (int64_t i = 1; i < n; ++i) {
+    TORCH_CHECK_VALUE(c[i] >= c[i - 1], op, ": cu_seqlens must be non-decreasing, got cu_seqlens[", i,
+                      "] = ", c[i], " < cu_seqlens[", i - 1, "] = ", c[i - 1]);
+  }
+}
+
+SequenceArgs sequence_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const OptTensor& initial_S, const OptTensor& initial_z, const OptTensor& cu_seqlens,
+                           double scale, double eps, std::string_view feature_map, bool normalize,
+                           int64_t chunk_size, const char* op) {
+  check_rank(q, 4, op, "q", "[B, T, H, K]");
+  check_rank(k, 4, op, "k", "[B, T, Hkv, K]");
+  check_rank(v, 4, op, "v", "[B, T, Hkv, V]");
+  check_same_device(k, q, op, "k");
+  check_same_device(v, q, op, "v");
+  SequenceArgs a;
+  LinearAttnParams& p = a.params;
+  p.dtype = dtype_of(q, op, "q");
+  TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type(), op, ": k must have the dtype of q (",
+                    q.scalar_type(), "), got ", k.scalar_type());
+  TORCH_CHECK_VALUE(v.scalar_type() == q.scalar_type(), op, ": v must have the dtype of q (",
+                    q.scalar_type(), "), got ", v.scalar_type());
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
+  const int64_t Hkv = k.size(2), V = v.size(3);
+  TORCH_CHECK_VALUE(k.size(0) == B && k.size(1) == T, op, ": k must have the batch and length of q (",
+                    B, ", ", T, "), got shape ", shape_of(k));
+  TORCH_CHECK_VALUE(v.size(0) == B && v.size(1) == T, op, ": v must have the batch and length of q (",
+                    B, ", ", T, "), got shape ", shape_of(v));
+  TORCH_CHECK_VALUE(k.size(3) == K, op, ": k must have the head dim of q (K = ", K, "), got shape ",
+                    shape_of(k));
+  TORCH_CHECK_VALUE(v.size(2) == Hkv, op, ": v must have the heads of k (Hkv = ", Hkv, "), got shape ",
+                    shape_of(v));
+  TORCH_CHECK_VALUE(Hkv >= 1 && H % Hkv == 0, op, ": the heads of k and v (", Hkv,
+                    ") must divide the heads of q (", H, ")");
+  TORCH_CHECK_VALUE(K >= 1 && K <= 256, op, ": q and k head dim K must be in [1, 256], got ", K);
+  TORCH_CHECK_VALUE(V >= 1 && V <= 256, op, ": v head dim V must be in [1, 256], got ", V);
+  check_unit_last_stride(q, op, "q");
+  check_unit_last_stride(k, op, "k");
+  check_unit_last_stride(v, op, "v");
+  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+  TORCH_CHECK_VALUE(chunk_size >= 0 && chunk_size <= 1024, op,
+                    ": chunk_size must be in [1, 1024] (or None for the default), got ", chunk_size);
+
+  a.num_states = B;
+  if (cu_seqlens.has_value()) {
+    const at::Tensor& cu = *cu_seqlens;
+    check_same_device(cu, q, op, "cu_seqlens");
+    TORCH_CHECK_VALUE(cu.scalar_type() == at::kInt || cu.scalar_type() == at::kLong, op,
+                      ": cu_seqlens must be int32 or int64, got ", cu.scalar_type());
+    TORCH_CHECK_VALUE(cu.dim() == 1 && cu.numel() >= 1, op,
+                      ": cu_seqlens must be a 1-D tensor [N + 1], got shape ", shape_of(cu));
+    TORCH_CHECK_VALUE(B == 1, op, ": q, k and v must have batch size 1 with cu_seqlens, got B = ", B);
+    check_cu_seqlens_values(cu, T, op);
+    a.cu_seqlens = cu.contiguous();
+    a.num_states = cu.numel() - 1;
+    p.cu_seqlens = a.cu_seqlens.data_ptr();
+    p.cu_seqlens_int64 = cu.scalar_type() == at::kLong;
+    p.num_seqs = a.num_states;
+  }
+  const int64_t N = a.num_states;
+  if (initial_S.has_value()) {
+    a.initial_S = checked_state(*initial_S, q, {N, Hkv, K, V}, op, "initial_state.S");
+    if (normalize) {
+      TORCH_CHECK_VALUE(initial_z.has_value(), op,
+                        ": initial_state.z [N, Hkv, K] is required with normalize=True");
+    }
+  } else {
+    TORCH_CHECK_VALUE(!initial_z.has_value(), op, ": initial_state.z was given without initial_state.S");
+  }
+  if (initial_z.has_value()) {
+    TORCH_CHECK_VALUE(normalize, op, ": initial_state.z must be None with normalize=False");
+    a.initial_z = checked_state(*initial_z, q, {N, Hkv, K}, op, "initial_state.z");
+  }
+
+  set_device(p, q);
+  p.batch = B;
+  p.seqlen = T;
+  p.num_heads = H;
+  p.num_kv_heads = Hkv;
+  p.head_dim_k = K;
+  p.head_dim_v = V;
+  p.q = const_view(q);
+  p.k = const_view(k);
+  p.v = const_view(v);
+  p.initial_S = a.initial_S.defined() ? a.initial_S.data_ptr() : nullptr;
+  p.initial_z = a.initial_z.defined() ? a.initial_z.data_ptr() : nullptr;
+  p.scale = scale;
+  p.eps = eps;
+  p.feature_map = parse_feature_map(feature_map, op);
+  p.normalize = normalize;
+  p.chunk_size = chunk_size;
+  return a;
+}
+
+using Launch = Status (*)(const LinearAttnParams&);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
+    const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
+    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size,
+    Launch launch, const char* op) {
+  SequenceArgs a = sequence_args(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
+                                 normalize, chunk_size, op);
+  LinearAttnParams& p = a.params;
+  const c10::DeviceGuard guard(q.device());
+  const auto state_opts = q.options().dtype(state_scalar_type(q));
+  at::Tensor o = at::empty({p.batch, p.seqlen, p.num_heads, p.head_dim_v}, q.options());
+  at::Tensor S_final = output_final_state
+                           ? at::empty({a.num_states, p.num_kv_heads, p.head_dim_k, p.head_dim_v}, state_opts)
+                           : at::empty({0}, state_opts);
+  at::Tensor z_final = output_final_state && normalize
+                           ? at::empty({a.num_states, p.num_kv_heads, p.head_dim_k}, state_opts)
+                           : at::empty({0}, state_opts);
+  p.o = mut_view(o);
+  p.final_S = mut_data_or_null(S_final);
+  p.final_z = mut_data_or_null(z_final);
+  check_status(launch(p), op);
+  return {o, S_final, z_final};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
+    const at::Tensor& dout, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
+    const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
+    const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize,
+    int64_t chunk_size, Launch launch, const char* op) {
+  SequenceArgs a = sequence_args(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
+                                 normalize, chunk_size, op);
+  LinearAttnParams& p = a.params;
+  const int64_t N = a.num_states, Hkv = p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
+  check_rank(dout, 4, op, "grad of o", "[B, T, H, V]");
+  check_same_device(dout, q, op, "grad of o");
+  TORCH_CHECK_VALUE(dout.scalar_type() == q.scalar_type(), op, ": grad of o must have the dtype of q (",
+                    q.scalar_type(), "), got ", dout.scalar_type());
+  check_exact_shape(dout, {p.batch, p.seqlen, p.num_heads, V}, op, "grad of o");
+  check_unit_last_stride(dout, op, "grad of o");
+  at::Tensor dS_final, dz_final;
+  if (d_final_S.has_value()) dS_final = checked_state(*d_final_S, q, {N, Hkv, K, V}, op, "grad of final_state.S");
+  if (d_final_z.has_value()) {
+    TORCH_CHECK_VALUE(normalize, op, ": grad of final_state.z must be None with normalize=False");
+    dz_final = checked_state(*d_final_z, q, {N, Hkv, K}, op, "grad of final_state.z");
+  }
+
+  const c10::DeviceGuard guard(q.device());
+  const auto state_opts = q.options().dtype(state_scalar_type(q));
+  at::Tensor dq = at::empty(q.sizes(), q.options());
+  at::Tensor dk = at::empty(k.sizes(), k.options());
+  at::Tensor dv = at::empty(v.sizes(), v.options());
+  at::Tensor dS0 = a.initial_S.defined() ? at::empty({N, Hkv, K, V}, state_opts) : at::empty({0}, state_opts);
+  at::Tensor dz0 = a.initial_z.defined() ? at::empty({N, Hkv, K}, state_opts) : at::empty({0}, state_opts);
+  p.dout = const_view(dout);
+  p.dq = mut_view(dq);
+  p.dk = mut_view(dk);
+  p.dv = mut_view(dv);
+  p.d_final_S = dS_final.defined() ? dS_final.data_ptr() : nullptr;
+  p.d_final_z = dz_final.defined() ? dz_final.data_ptr() : nullptr;
+  p.d_initial_S = mut_data_or_null(dS0);
+  p.d_initial_z = mut_data_or_null(dz0);
+  check_status(launch(p), op);
+  return {dq, dk, dv, dS0, dz0};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_fwd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
+    const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
+    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size) {
+  return forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
+                 output_final_state, chunk_size, chunk_linear_attn_fwd, "chunk_linear_attn");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
+    const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
+    std::string_view feature_map, bool normalize, bool output_final_state) {
+  return forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
+                 output_final_state, 0, recurrent_linear_attn_fwd, "recurrent_linear_attn");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd(
+    const at::Tensor& dout, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
+    const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
+    const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize,
+    int64_t chunk_size) {
+  return backward(dout, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
+                  feature_map, normalize, chunk_size, chunk_linear_attn_bwd, "chunk_linear_attn backward");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrent_bwd(
+    const at::Tensor& dout, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
+    const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
+    const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize) {
+  return backward(dout, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
+                  feature_map, normalize, 0, recurrent_linear_attn_bwd, "recurrent_linear_attn backward");
+}
+
+at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& S,
+                const OptTensor& z, const OptTensor& state_indices, double scale, double eps,
+                std::string_view feature_map, bool normalize) {
+  const char* op = "linear_attn_step";
+  check_rank(q, 3, op, "q", "[B, H, K]");
+  check_rank(k, 3, op, "k", "[B, Hkv, K]");
+  check_rank(v, 3, op, "v", "[B, Hkv, V]");
+  check_same_device(k, q, op, "k");
+  check_same_device(v, q, op, "v");
+  LinearAttnStepParams p;
+  p.dtype = dtype_of(q, op, "q");
+  TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), op,
+                    ": k and v must have the dtype of q (", q.scalar_type(), "), got ", k.scalar_type(),
+                    " and ", v.scalar_type());
+  const int64_t B = q.size(0), H = q.size(1), K = q.size(2), Hkv = k.size(1), V = v.size(2);
+  TORCH_CHECK_VALUE(k.size(0) == B && v.size(0) == B, op, ": k and v must have the batch of q (", B,
+                    "), got shapes ", shape_of(k), " and ", shape_of(v));
+  TORCH_CHECK_VALUE(k.size(2) == K, op, ": k must have the head dim of q (K = ", K, "), got shape ",
+                    shape_of(k));
+  TORCH_CHECK_VALUE(v.size(1) == Hkv, op, ": v must have the heads of k (", Hkv, "), got shape ",
+                    shape_of(v));
+  TORCH_CHECK_VALUE(Hkv >= 1 && H % Hkv == 0, op, ": the heads of k and v (", Hkv,
+                    ") must divide the heads of q (", H, ")");
+  TORCH_CHECK_VALUE(K >= 1 && K <= 256, op, ": q and k head dim K must be in [1, 256], got ", K);
+  TORCH_CHECK_VALUE(V >= 1 && V <= 256, op, ": v head dim V must be in [1, 256], got ", V);
+  check_unit_last_stride(q, op, "q");
+  check_unit_last_stride(k, op, "k");
+  check_unit_last_stride(v, op, "v");
+  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+
+  check_rank(S, 4, op, "state.S", "[P, Hkv, K, V]");
+  check_same_device(S, q, op, "state.S");
+  TORCH_CHECK_VALUE(S.scalar_type() == state_scalar_type(q), op, ": state.S must be ", state_scalar_type(q),
+                    ", got ", S.scalar_type());
+  const int64_t P = S.size(0);
+  check_exact_shape(S, {P, Hkv, K, V}, op, "state.S");
+  TORCH_CHECK_VALUE(S.is_contiguous(), op, ": state.S must be contiguous (it is updated in place)");
+  if (normalize) {
+    TORCH_CHECK_VALUE(z.has_value(), op, ": state.z [P, Hkv, K] is required with normalize=True");
+    check_same_device(*z, q, op, "state.z");
+    TORCH_CHECK_VALUE(z->scalar_type() == state_scalar_type(q), op, ": state.z must be ",
+                      state_scalar_type(q), ", got ", z->scalar_type());
+    check_exact_shape(*z, {P, Hkv, K}, op, "state.z");
+    TORCH_CHECK_VALUE(z->is_contiguous(), op, ": state.z must be contiguous (it is updated in place)");
+  } else {
+    TORCH_CHECK_VALUE(!z.has_value(), op, ": state.z must be None with normalize=False");
+  }
+  at::Tensor indices;
+  if (state_indices.has_value()) {
+    check_same_device(*state_indices, q, op, "state_indices");
+    TORCH_CHECK_VALUE(state_indices->scalar_type() == at::kInt || state_indices->scalar_type() == at::kLong,
+                      op, ": state_indices must be int32 or int64, got ", state_indices->scalar_type());
+    TORCH_CHECK_VALUE(state_indices->dim() == 1 && state_indices->size(0) == B, op,
+                      ": state_indices must have shape [B] = [", B, "], got ", shape_of(*state_indices));
+    indices = state_indices->contiguous();
+    p.state_indices = indices.data_ptr();
+    p.state_indices_int64 = indices.scalar_type() == at::kLong;
+  } else {
+    TORCH_CHECK_VALUE(P >= B, op, ": state.S must have at least B = ", B,
+                      " rows without state_indices, got ", P);
+  }
+
+  set_device(p, q);
+  const c10::DeviceGuard guard(q.device());
+  at::Tensor o = at::empty({B, H, V}, q.options());
+  p.batch = B;
+  p.num_heads = H;
+  p.num_kv_heads = Hkv;
+  p.head_dim_k = K;
+  p.head_dim_v = V;
+  p.q = ConstView{q.data_ptr(), q.stride(0), 0, q.stride(1)};
+  p.k = ConstView{k.data_ptr(), k.stride(0), 0, k.stride(1)};
+  p.v = ConstView{v.data_ptr(), v.stride(0), 0, v.stride(1)};
+  p.o = MutView{o.data_ptr(), o.stride(0), 0, o.stride(1)};
+  p.S = S.data_ptr();
+  p.z = normalize ? z->data_ptr() : nullptr;
+  p.pool_size = P;
+  p.scale = scale;
+  p.eps = eps;
+  p.feature_map = parse_feature_map(feature_map, op);
+  p.normalize = normalize;
+  check_status(linear_attn_step(p), op);
+  return o;
+}
+
+}  // namespace attnrnn::aten

@@ -1,0 +1,40 @@
+// The torch.ops.attnrnn operators: schemas, and the same ATen glue for CPU and CUDA tensors.
+// Autograd and fake (meta) kernels are registered from Python (attnrnn/_ops.py).
+#include <torch/library.h>
+
+#include "attnrnn/torch.h"
+
+TORCH_LIBRARY(attnrnn, m) {
+  m.def(
+      "chunk_fwd(Tensor q, Tensor k, Tensor v, Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, "
+      "float scale, float eps, str feature_map, bool normalize, bool output_final_state, int chunk_size) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "chunk_bwd(Tensor dout, Tensor? d_final_S, Tensor? d_final_z, Tensor q, Tensor k, Tensor v, "
+      "Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, float scale, float eps, str feature_map, "
+      "bool normalize, int chunk_size) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "recurrent_fwd(Tensor q, Tensor k, Tensor v, Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, "
+      "float scale, float eps, str feature_map, bool normalize, bool output_final_state) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "recurrent_bwd(Tensor dout, Tensor? d_final_S, Tensor? d_final_z, Tensor q, Tensor k, Tensor v, "
+      "Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, float scale, float eps, str feature_map, "
+      "bool normalize) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "step(Tensor q, Tensor k, Tensor v, Tensor(a!) S, Tensor(b!)? z, Tensor? state_indices, float scale, "
+      "float eps, str feature_map, bool normalize) -> Tensor");
+}
+
+namespace {
+void register_impls(torch::Library& m) {
+  m.impl("chunk_fwd", &attnrnn::aten::chunk_fwd);
+  m.impl("chunk_bwd", &attnrnn::aten::chunk_bwd);
+  m.impl("recurrent_fwd", &attnrnn::aten::recurrent_fwd);
+  m.impl("recurrent_bwd", &attnrnn::aten::recurrent_bwd);
+  m.impl("step", &attnrnn::aten::step);
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attnrnn, CPU, m) { register_impls(m); }
+TORCH_LIBRARY_IMPL(attnrnn, CUDA, m) { register_impls(m); }

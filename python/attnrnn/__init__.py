@@ -1,0 +1,31 @@
+"""attnrnn: attention viewed as an RNN.
+
+Causal linear attention in chunkwise, recurrent and single-step forms as PyTorch ops with CPU
+(and CUDA) kernels; `attnrnn.reference` holds the same math in plain PyTorch.
+"""
+from pathlib import Path
+
+from . import reference
+from .linear_attn import (
+    FEATURE_MAPS,
+    LinearAttnState,
+    chunk_linear_attn,
+    linear_attn_step,
+    recurrent_linear_attn,
+)
+
+__version__ = "0.1.0"
+
+#: CMake prefix of the installed C++ package: `cmake -DCMAKE_PREFIX_PATH=<this> ...` then
+#: `find_package(attnrnn CONFIG REQUIRED)` gives targets attnrnn::attnrnn and attnrnn::torch.
+cmake_prefix_path = str(Path(__file__).resolve().parent)
+
+__all__ = [
+    "FEATURE_MAPS",
+    "LinearAttnState",
+    "chunk_linear_attn",
+    "recurrent_linear_attn",
+    "linear_attn_step",
+    "reference",
+    "cmake_prefix_path",
+]

@@ -1,0 +1,94 @@
+"""Fake kernels and autograd of the torch.ops.attnrnn operators (defined in csrc/torch).
+
+Forward ops save only their inputs; the backward kernels recompute the states they need.
+"""
+import torch
+
+from . import _C  # noqa: F401  (loads the operator registrations)
+
+ops = torch.ops.attnrnn
+
+
+def _state_dtype(q):
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _num_states(q, cu_seqlens):
+    return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+def _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state):
+    B, T, H, K = q.shape
+    Hkv, V = v.shape[2], v.shape[3]
+    N = _num_states(q, cu_seqlens)
+    dt = _state_dtype(q)
+    o = q.new_empty((B, T, H, V))
+    S = q.new_empty((N, Hkv, K, V) if output_final_state else (0,), dtype=dt)
+    z = q.new_empty((N, Hkv, K) if output_final_state and normalize else (0,), dtype=dt)
+    return o, S, z
+
+
+def _fake_backward(q, k, v, initial_S, initial_z):
+    dt = _state_dtype(q)
+    dS0 = initial_S.new_empty(initial_S.shape) if initial_S is not None else q.new_empty((0,), dtype=dt)
+    dz0 = initial_z.new_empty(initial_z.shape) if initial_z is not None else q.new_empty((0,), dtype=dt)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dS0, dz0
+
+
+@torch.library.register_fake("attnrnn::chunk_fwd")
+def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
+      chunk_size):
+    return _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state)
+
+
+@torch.library.register_fake("attnrnn::recurrent_fwd")
+def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize, output_final_state):
+    return _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state)
+
+
+@torch.library.register_fake("attnrnn::chunk_bwd")
+def _(dout, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
+      normalize, chunk_size):
+    return _fake_backward(q, k, v, initial_S, initial_z)
+
+
+@torch.library.register_fake("attnrnn::recurrent_bwd")
+def _(dout, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
+      normalize):
+    return _fake_backward(q, k, v, initial_S, initial_z)
+
+
+@torch.library.register_fake("attnrnn::step")
+def _(q, k, v, S, z, state_indices, scale, eps, feature_map, normalize):
+    return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize = inputs[:10]
+    ctx.save_for_backward(q, k, v, initial_S, initial_z, cu_seqlens)
+    ctx.options = (scale, eps, feature_map, normalize)
+    ctx.chunk_size = inputs[11] if len(inputs) > 11 else None
+
+
+def _state_grad(g):
+    # Unrequested final states are empty tensors; their gradient carries nothing.
+    return None if g is None or g.numel() == 0 else g
+
+
+def _backward(ctx, dout, d_final_S, d_final_z):
+    q, k, v, initial_S, initial_z, cu_seqlens = ctx.saved_tensors
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    args = (dout, _state_grad(d_final_S), _state_grad(d_final_z), q, k, v, initial_S, initial_z, cu_seqlens,
+            *ctx.options)
+    if ctx.chunk_size is None:
+        dq, dk, dv, dS0, dz0 = ops.recurrent_bwd(*args)
+    else:
+        dq, dk, dv, dS0, dz0 = ops.chunk_bwd(*args, ctx.chunk_size)
+    grads = (dq, dk, dv, dS0 if initial_S is not None else None, dz0 if initial_z is not None else None)
+    # No gradient for cu_seqlens, scale, eps, feature_map, normalize, output_final_state (, chunk_size).
+    return grads + (None,) * (7 if ctx.chunk_size is not None else 6)
+
+
+torch.library.register_autograd("attnrnn::chunk_fwd", _backward, setup_context=_setup_context)
+torch.library.register_autograd("attnrnn::recurrent_fwd", _backward, setup_context=_setup_context)

@@ -1,0 +1,58 @@
+"""Builds attnrnn with CMake (Ninja) into the Python package.
+
+`pip install .` or, for development, `pip install --no-build-isolation -e .`. CMake installs the
+libraries, headers, CMake package and the `_C` module into the package directory, so the package is
+also a CMake prefix (`attnrnn.cmake_prefix_path`). Environment knobs:
+  ATTNRNN_CUDA=AUTO|ON|OFF          build the CUDA kernels (AUTO: when nvcc is found)
+  ATTNRNN_CUDA_ARCHITECTURES=90a    CMAKE_CUDA_ARCHITECTURES
+  ATTNRNN_CPU_ARCH=native           -march of the CPU kernels ("" for the compiler default)
+  ATTNRNN_BUILD_JOBS=N              parallel build jobs
+  ATTNRNN_CMAKE_ARGS="..."          extra CMake arguments
+"""
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        import torch  # the build needs the torch it will run with
+
+        package_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        # A fixed build tree keeps rebuilds incremental across (editable) installs.
+        build_dir = ROOT / "build" / f"cmake-py{sys.version_info.major}{sys.version_info.minor}"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            "-G", "Ninja",
+            f"-DCMAKE_BUILD_TYPE={os.environ.get('ATTNRNN_BUILD_TYPE', 'Release')}",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+            f"-DATTNRNN_PYTHON_PACKAGE_DIR={package_dir}",
+            f"-DATTNRNN_CUDA={os.environ.get('ATTNRNN_CUDA', 'AUTO')}",
+            f"-DATTNRNN_CPU_ARCH={os.environ.get('ATTNRNN_CPU_ARCH', 'native')}",
+        ]
+        if "ATTNRNN_CUDA_ARCHITECTURES" in os.environ:
+            args.append(f"-DCMAKE_CUDA_ARCHITECTURES={os.environ['ATTNRNN_CUDA_ARCHITECTURES']}")
+        args += shlex.split(os.environ.get("ATTNRNN_CMAKE_ARGS", ""))
+        jobs = os.environ.get("ATTNRNN_BUILD_JOBS", str(os.cpu_count() or 1))
+        subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], check=True)
+        subprocess.run(["cmake", "--build", str(build_dir), "--parallel", jobs], check=True)
+        subprocess.run(["cmake", "--install", str(build_dir)], check=True)
+
+
+setup(
+    ext_modules=[CMakeExtension("attnrnn._C")],
+    cmdclass={"build_ext": CMakeBuild},
+)
