@@ -1,0 +1,218 @@
+// Chunkwise backward on the CPU; recomputes everything from q, k, v and the initial state.
+//
+// One work item is one (sequence n, kv head g). Per query head, with A = Q'K'ᵀ (s <= t),
+// n_t = q'_t S_t, den_t = q'_t·z_t + eps (1 without normalization),
+// dn_t = do_t / den_t, dd_t = -(do_t·n_t) / den_t² (0 without normalization) and
+// dA[t,s] = dn_t·v_s + dd_t for s <= t:
+//   pass 1 (forward over chunks, S, z at the chunk start):
+//     dq' = dA K' + dN Sᵀ + dd zᵀ;  den and dd are kept per token for pass 2
+//   pass 2 (reverse over chunks, dS̃, dz̃ = gradient flowing from the chunks after):
+//     dk' = Σ_h dAᵀ Q' + V dS̃ᵀ + dz̃,  dv = Σ_h Aᵀ dN + K' dS̃
+//     dS̃ += Σ_h Q'ᵀ dN,  dz̃ += Σ_h Σ_t dd_t q'_t
+#include "common.h"
+#include "gemm.h"
+
+namespace attnrnn::cpu {
+
+namespace {
+
+// Per-thread buffers, sizes in elements (C = chunk size).
+template <class A>
+struct BwdScratch {
+  std::vector<A> kp, dphi_k;  // C x K   k' and phi'(k)
+  std::vector<A> kt;          // K x C   k' transposed
+  std::vector<A> v;           // C x V
+  std::vector<A> vt;          // V x C   v transposed
+  std::vector<A> qp, dphi_q;  // C x K   q' and scale * phi'(q) of one query head
+  std::vector<A> dn;          // C x V   dout, then dn
+  std::vector<A> nn;          // C x V   numerators n (normalize only)
+  std::vector<A> a, da;       // C x C   scores and their gradient
+  std::vector<A> dx;          // C x K   dq' (pass 1), dk' (pass 2)
+  std::vector<A> dv;          // C x V
+  std::vector<A> S, dS;       // K x V   state / state gradient
+  std::vector<A> St;          // V x K   S or dS̃ transposed
+  std::vector<A> z, dz;       // K
+  std::vector<A> den, dd;     // len x G per token and query head of the group
+
+  BwdScratch(const Dims& d, int64_t C)
+      : kp(C * d.K), dphi_k(C * d.K), kt(d.K * C), v(C * d.V), vt(d.V * C), qp(C * d.K),
+        dphi_q(C * d.K), dn(C * d.V), nn(C * d.V), a(C * C), da(C * C), dx(C * d.K), dv(C * d.V),
+        S(d.K * d.V), dS(d.K * d.V), St(d.V * d.K), z(d.K), dz(d.K) {}
+};
+
+// Context of one work item.
+template <class T>
+struct Item {
+  using A = acc_t<T>;
+  const LinearAttnParams& p;
+  const Dims& d;
+  BwdScratch<A>& w;
+  Seq seq;
+  int64_t n, g;
+  A scale, eps;
+
+  int64_t item() const { return n * d.Hkv + g; }
+
+  // k' (and phi'(k)), v and their transposes for the L tokens from t0.
+  void load_kv(int64_t t0, int64_t L, bool with_dphi) {
+    const int64_t K = d.K, V = d.V;
+    for (int64_t i = 0; i < L; ++i) {
+      load_phi(p.feature_map, at<T>(p.k, seq.b, t0 + i, g), K, A(1), &w.kp[i * K],
+               with_dphi ? &w.dphi_k[i * K] : nullptr);
+      load_row(at<T>(p.v, seq.b, t0 + i, g), V, &w.v[i * V]);
+    }
+    transpose(w.kp.data(), L, K, w.kt.data());
+    transpose(w.v.data(), L, V, w.vt.data());
+  }
+
+  // q' (and scale * phi'(q)) and dout of head h.
+  void load_q_do(int64_t t0, int64_t L, int64_t h, bool with_dphi) {
+    for (int64_t i = 0; i < L; ++i) {
+      load_phi(p.feature_map, at<T>(p.q, seq.b, t0 + i, h), d.K, scale, &w.qp[i * d.K],
+               with_dphi ? &w.dphi_q[i * d.K] : nullptr);
+      load_row(at<T>(p.dout, seq.b, t0 + i, h), d.V, &w.dn[i * d.V]);
+    }
+  }
+
+  // dA = dN Vᵀ + dd (s <= t), dd read from the per-token store at offset c0 for head hh.
+  void score_grad(int64_t c0, int64_t L, int64_t hh) {
+    causal_scores(L, d.V, w.dn.data(), w.vt.data(), w.da.data());
+    if (!p.normalize) return;
+    for (int64_t i = 0; i < L; ++i) {
+      const A dd = w.dd[(c0 + i) * d.G + hh];
+      for (int64_t s = 0; s <= i; ++s) w.da[i * L + s] += dd;
+    }
+  }
+
+  // Pass 1: dq for every query head of the group, den and dd per token.
+  void forward_pass() {
+    const int64_t K = d.K, V = d.V, G = d.G, C = chunk_of(p);
+    load_state(p.initial_S, item(), K * V, w.S.data());
+    if (p.normalize) load_state(p.initial_z, item(), K, w.z.data());
+    for (int64_t c0 = 0; c0 < seq.len; c0 += C) {
+      const int64_t L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
+      load_kv(t0, L, false);
+      transpose(w.S.data(), K, V, w.St.data());
+      for (int64_t hh = 0; hh < G; ++hh) {
+        const int64_t h = g * G + hh;
+        load_q_do(t0, L, h, true);
+
+        // Numerators and denominators: n = A V + Q' S, den = Q' z + rowsum(A) + eps.
+        if (p.normalize) {
+          causal_scores(L, K, w.qp.data(), w.kt.data(), w.a.data());
+          causal_nn(L, V, w.a.data(), w.v.data(), V, w.nn.data(), V, false);
+          gemm(L, V, K, w.qp.data(), K, int64_t(1), w.S.data(), V, w.nn.data(), V, true);
+          for (int64_t i = 0; i < L; ++i) {
+            A qz = A(0), ra = A(0), don = A(0);
+            for (int64_t k = 0; k < K; ++k) qz += w.qp[i * K + k] * w.z[k];
+            for (int64_t s = 0; s <= i; ++s) ra += w.a[i * L + s];
+            const A den = qz + ra + eps;
+            A* __restrict dn = &w.dn[i * V];
+            for (int64_t j = 0; j < V; ++j) don += dn[j] * w.nn[i * V + j];
+            for (int64_t j = 0; j < V; ++j) dn[j] /= den;
+            w.den[(c0 + i) * G + hh] = den;
+            w.dd[(c0 + i) * G + hh] = -don / (den * den);
+          }
+        }
+
+        // Intra-chunk: dq' = dA K'.
+        score_grad(c0, L, hh);
+        causal_nn(L, K, w.da.data(), w.kp.data(), K, w.dx.data(), K, false);
+        // Inter-chunk: dq' += dN Sᵀ + dd z.
+        gemm(L, K, V, w.dn.data(), V, int64_t(1), w.St.data(), K, w.dx.data(), K, true);
+        for (int64_t i = 0; i < L; ++i) {
+          const A dd = p.normalize ? w.dd[(c0 + i) * G + hh] : A(0);
+          A* __restrict dq = &w.dx[i * K];
+          const A* __restrict f = &w.dphi_q[i * K];
+          for (int64_t k = 0; k < K; ++k) dq[k] = f[k] * (dq[k] + dd * w.z[k]);
+          store_row(dq, K, at<T>(p.dq, seq.b, t0 + i, h));
+        }
+      }
+      // State update: S += K'ᵀ V, z += Σ k'.
+      gemm(K, V, L, w.kp.data(), int64_t(1), K, w.v.data(), V, w.S.data(), V, true);
+      if (p.normalize)
+        for (int64_t i = 0; i < L; ++i)
+          for (int64_t k = 0; k < K; ++k) w.z[k] += w.kp[i * K + k];
+    }
+  }
+
+  // Pass 2: dk, dv and the gradient of the initial state.
+  void reverse_pass() {
+    const int64_t K = d.K, V = d.V, G = d.G, C = chunk_of(p);
+    load_state(p.d_final_S, item(), K * V, w.dS.data());
+    if (p.normalize) load_state(p.d_final_z, item(), K, w.dz.data());
+    const int64_t num_chunks = (seq.len + C - 1) / C;
+    for (int64_t c = num_chunks - 1; c >= 0; --c) {
+      const int64_t c0 = c * C, L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
+      load_kv(t0, L, true);
+
+      // Inter-chunk: dk' = V dS̃ᵀ + dz̃, dv = K' dS̃ (dS̃, dz̃ from the chunks after this one).
+      transpose(w.dS.data(), K, V, w.St.data());
+      gemm(L, K, V, w.v.data(), V, int64_t(1), w.St.data(), K, w.dx.data(), K, false);
+      if (p.normalize)
+        for (int64_t i = 0; i < L; ++i)
+          for (int64_t k = 0; k < K; ++k) w.dx[i * K + k] += w.dz[k];
+      gemm(L, V, K, w.kp.data(), K, int64_t(1), w.dS.data(), V, w.dv.data(), V, false);
+
+      for (int64_t hh = 0; hh < G; ++hh) {
+        const int64_t h = g * G + hh;
+        load_q_do(t0, L, h, false);
+        if (p.normalize)
+          for (int64_t i = 0; i < L; ++i) {
+            const A inv = A(1) / w.den[(c0 + i) * G + hh];
+            for (int64_t j = 0; j < V; ++j) w.dn[i * V + j] *= inv;
+          }
+
+        // Intra-chunk: dk' += dAᵀ Q', dv += Aᵀ dN.
+        causal_scores(L, K, w.qp.data(), w.kt.data(), w.a.data());
+        score_grad(c0, L, hh);
+        causal_tn(L, K, w.da.data(), w.qp.data(), K, w.dx.data(), K, true);
+        causal_tn(L, V, w.a.data(), w.dn.data(), V, w.dv.data(), V, true);
+
+        // State gradient: dS̃ += Q'ᵀ dN, dz̃ += Σ_t dd_t q'_t.
+        gemm(K, V, L, w.qp.data(), int64_t(1), K, w.dn.data(), V, w.dS.data(), V, true);
+        if (p.normalize)
+          for (int64_t i = 0; i < L; ++i) {
+            const A dd = w.dd[(c0 + i) * G + hh];
+            for (int64_t k = 0; k < K; ++k) w.dz[k] += dd * w.qp[i * K + k];
+          }
+      }
+
+      for (int64_t i = 0; i < L; ++i) {
+        A* __restrict dk = &w.dx[i * K];
+        for (int64_t k = 0; k < K; ++k) dk[k] *= w.dphi_k[i * K + k];
+        store_row(dk, K, at<T>(p.dk, seq.b, t0 + i, g));
+        store_row(&w.dv[i * V], V, at<T>(p.dv, seq.b, t0 + i, g));
+      }
+    }
+    store_state(w.dS.data(), item(), K * V, p.d_initial_S);
+    if (p.normalize) store_state(w.dz.data(), item(), K, p.d_initial_z);
+  }
+};
+
+}  // namespace
+
+Status chunk_bwd(const LinearAttnParams& p) {
+  return dispatch_dtype(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const Dims d = dims_of(p);
+    const int64_t C = chunk_of(p);
+    parallel_for(p.executor, d.N * d.Hkv, 1, [&](int64_t begin, int64_t end) {
+      BwdScratch<A> w(d, C);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t n = item / d.Hkv;
+        Item<T> it{p, d, w, sequence(p, n), n, item % d.Hkv, static_cast<A>(p.scale), static_cast<A>(p.eps)};
+        if (p.normalize) {
+          w.den.resize(it.seq.len * d.G);
+          w.dd.resize(it.seq.len * d.G);
+        }
+        it.forward_pass();
+        it.reverse_pass();
+      }
+    });
+    return Status::kSuccess;
+  });
+}
+
+}  // namespace attnrnn::cpu

@@ -1,0 +1,120 @@
+// Small matrix products of the chunked kernels, register-blocked for the compiler's vectorizer.
+//
+//   gemm:  C[m x n] (=, +=) Σ_p a(i, p) B[p, j],  a(i, p) = A[i * ars + p * acs],  B row-major.
+//
+// The A operand has arbitrary strides (so Xᵀ Y is a gemm with ars = 1), B and C are row-major with
+// unit column stride. The micro-kernel keeps an MR x NR block of C in registers while it streams
+// the p loop: each step broadcasts MR values of A and does MR x NR fused multiply-adds against one
+// NR-wide row of B. Column blocks run outermost so the kd x NR panel of B stays in cache.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace attnrnn::cpu {
+
+template <class A>
+struct Tile {
+  static constexpr int MR = 4;
+  static constexpr int NR = 128 / sizeof(A);  // two 512-bit (four 256-bit) vectors per row
+};
+
+// Full MR x NR block.
+template <class A, int MR, int NR>
+inline void micro_kernel(int64_t kd, const A* __restrict a, int64_t ars, int64_t acs,
+                         const A* __restrict b, int64_t ldb, A* __restrict c, int64_t ldc,
+                         bool accumulate) {
+  A t[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j) t[r][j] = accumulate ? c[r * ldc + j] : A(0);
+  for (int64_t p = 0; p < kd; ++p) {
+    const A* __restrict bp = b + p * ldb;
+    for (int r = 0; r < MR; ++r) {
+      const A ar = a[r * ars + p * acs];
+      for (int j = 0; j < NR; ++j) t[r][j] += ar * bp[j];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j) c[r * ldc + j] = t[r][j];
+}
+
+// MR x nc block with nc < NR (right edge).
+template <class A, int MR, int NR>
+inline void micro_kernel_edge(int64_t kd, const A* __restrict a, int64_t ars, int64_t acs,
+                              const A* __restrict b, int64_t ldb, A* __restrict c, int64_t ldc,
+                              int64_t nc, bool accumulate) {
+  A t[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int64_t j = 0; j < nc; ++j) t[r][j] = accumulate ? c[r * ldc + j] : A(0);
+  for (int64_t p = 0; p < kd; ++p) {
+    const A* __restrict bp = b + p * ldb;
+    for (int r = 0; r < MR; ++r) {
+      const A ar = a[r * ars + p * acs];
+      for (int64_t j = 0; j < nc; ++j) t[r][j] += ar * bp[j];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int64_t j = 0; j < nc; ++j) c[r * ldc + j] = t[r][j];
+}
+
+template <class A>
+void gemm(int64_t m, int64_t n, int64_t kd, const A* a, int64_t ars, int64_t acs, const A* b,
+          int64_t ldb, A* c, int64_t ldc, bool accumulate) {
+  constexpr int MR = Tile<A>::MR, NR = Tile<A>::NR;
+  for (int64_t j0 = 0; j0 < n; j0 += NR) {
+    const int64_t nc = std::min<int64_t>(NR, n - j0);
+    const A* bj = b + j0;
+    A* cj = c + j0;
+    int64_t i = 0;
+    for (; i + MR <= m; i += MR) {
+      if (nc == NR)
+        micro_kernel<A, MR, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, accumulate);
+      else
+        micro_kernel_edge<A, MR, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, nc, accumulate);
+    }
+    for (; i < m; ++i) {
+      if (nc == NR)
+        micro_kernel<A, 1, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, accumulate);
+      else
+        micro_kernel_edge<A, 1, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, nc, accumulate);
+    }
+  }
+}
+
+// Causal scores: C[t, s] = Σ_p X[t, p] Yᵀ[p, s] for s <= t, 0 above the diagonal.
+// X is L x d row-major, Yt is d x L (Y transposed), C is L x L. Column blocks that lie entirely
+// above the diagonal of a row block are skipped.
+template <class A>
+void causal_scores(int64_t L, int64_t d, const A* x, const A* yt, A* c) {
+  constexpr int MR = Tile<A>::MR, NR = Tile<A>::NR;
+  for (int64_t i0 = 0; i0 < L; i0 += MR) {
+    const int64_t mr = std::min<int64_t>(MR, L - i0);
+    const int64_t cols = std::min<int64_t>(L, (i0 + mr + NR - 1) / NR * NR);
+    gemm(mr, cols, d, x + i0 * d, d, int64_t(1), yt, L, c + i0 * L, L, false);
+  }
+  for (int64_t t = 0; t < L; ++t) std::fill(c + t * L + t + 1, c + (t + 1) * L, A(0));
+}
+
+// C[t, :] (+)= Σ_{s <= t} M[t, s] B[s, :] with M lower-triangular (L x L), B L x n.
+template <class A>
+void causal_nn(int64_t L, int64_t n, const A* m, const A* b, int64_t ldb, A* c, int64_t ldc,
+               bool accumulate) {
+  constexpr int MR = Tile<A>::MR;
+  for (int64_t i0 = 0; i0 < L; i0 += MR) {
+    const int64_t mr = std::min<int64_t>(MR, L - i0);
+    gemm(mr, n, i0 + mr, m + i0 * L, L, int64_t(1), b, ldb, c + i0 * ldc, ldc, accumulate);
+  }
+}
+
+// C[s, :] (+)= Σ_{t >= s} M[t, s] B[t, :] with M lower-triangular (L x L), B L x n.
+template <class A>
+void causal_tn(int64_t L, int64_t n, const A* m, const A* b, int64_t ldb, A* c, int64_t ldc,
+               bool accumulate) {
+  constexpr int MR = Tile<A>::MR;
+  for (int64_t s0 = 0; s0 < L; s0 += MR) {
+    const int64_t mr = std::min<int64_t>(MR, L - s0);
+    gemm(mr, n, L - s0, m + s0 * L + s0, int64_t(1), L, b + s0 * ldb, ldb, c + s0 * ldc, ldc, accumulate);
+  }
+}
+
+}  // namespace attnrnn::cpu
