@@ -11,6 +11,7 @@ also a CMake prefix (`attnrnn.cmake_prefix_path`). Environment knobs:
 """
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,11 @@ class CMakeBuild(build_ext):
     def build_extension(self, ext):
         import torch  # the build needs the torch it will run with
 
-        package_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        ext_path = Path(self.get_ext_fullpath(ext.name)).resolve()
+        # An editable install keeps the libraries, headers and CMake package in the source package
+        # (setuptools copies back only the module itself).
+        editable = getattr(self, "editable_mode", False) or self.inplace
+        package_dir = ROOT / "python" / "attnrnn" if editable else ext_path.parent
         # A fixed build tree keeps rebuilds incremental across (editable) installs.
         build_dir = ROOT / "build" / f"cmake-py{sys.version_info.major}{sys.version_info.minor}"
         build_dir.mkdir(parents=True, exist_ok=True)
@@ -50,6 +55,10 @@ class CMakeBuild(build_ext):
         subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], check=True)
         subprocess.run(["cmake", "--build", str(build_dir), "--parallel", jobs], check=True)
         subprocess.run(["cmake", "--install", str(build_dir)], check=True)
+        installed = package_dir / ext_path.name
+        if installed != ext_path:
+            ext_path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(installed, ext_path)
 
 
 setup(
