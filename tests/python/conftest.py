@@ -1,0 +1,79 @@
+"""Shared fixtures: the attnrnn package (compiled ops), the pure-PyTorch reference, devices.
+
+The reference (python/attnrnn/reference.py) imports only torch; it is loaded from its file when
+the package itself cannot be imported (extension not built), so the reference tests always run.
+Tests that need the compiled ops take the ``ar`` fixture, which fails (never skips) when the
+extension is missing.
+"""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PYDIR = ROOT / "python"
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # numerics, cases
+
+_IMPORT_ERROR = None
+try:
+    import attnrnn  # noqa: F401  (installed, or built in place)
+except ImportError:
+    sys.path.insert(0, str(PYDIR))
+    sys.modules.pop("attnrnn", None)
+    try:
+        import attnrnn  # noqa: F401
+    except Exception as e:  # noqa: BLE001  (reported by the `ar` fixture)
+        _IMPORT_ERROR = e
+        sys.modules.pop("attnrnn", None)
+
+
+def load_reference():
+    if _IMPORT_ERROR is None:
+        import attnrnn.reference as ref
+        return ref
+    spec = importlib.util.spec_from_file_location("attnrnn_reference", PYDIR / "attnrnn" / "reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+REF = load_reference()
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")),
+]
+
+# The float64 reference must not see TF32 rounding on the GPU.
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+@pytest.fixture
+def ar():
+    """The attnrnn package with its compiled ops."""
+    if _IMPORT_ERROR is not None:
+        pytest.fail(f"attnrnn (compiled extension) cannot be imported: {_IMPORT_ERROR!r}")
+    import attnrnn
+    return attnrnn
+
+
+@pytest.fixture
+def ref():
+    """attnrnn.reference (pure PyTorch)."""
+    return REF
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,0 +1,95 @@
+"""The numerics rules of design.md §4 (R1-R3) as one checker.
+
+For an output or gradient ``X`` of attnrnn, the same quantity ``X_pt`` computed by the PyTorch
+reference in the test dtype (the low-precision baseline) and ``ref`` computed by the float64
+parallel reference on the same (already rounded) inputs:
+
+* R1 ``max|X - ref| <= c * max|X_pt - ref| + 2 * max|(ref + 0.3 - 0.3) - ref|``, c = 2 forward and
+  3 backward (FlashAttention's rule). The rounding term is evaluated in the dtype of X (ref is
+  first rounded to it): in float64 it would be ~1e-17 and mean nothing. The mean error obeys
+  ``mean|X - ref| <= 1.5 * mean|X_pt - ref| + mean|(ref + 0.3 - 0.3) - ref|``: the mean analogue
+  of the same rounding allowance, which only matters when the baseline is itself exact to the
+  last bit (tiny tensors).
+* R2 relative RMS ``||X - ref|| / ||ref||`` <= 1e-5 (fp32), 2e-3 (fp16), 8e-3 (bf16), on the whole
+  tensor and on the last quarter of the positions along T (where long-range state errors go).
+* R3 X is finite.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+R1_C = {"fwd": 2.0, "bwd": 3.0}
+R1_MEAN_FACTOR = 1.5
+R2_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3, torch.float64: 1e-12}
+
+
+def rounding_error(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """|(ref + 0.3 - 0.3) - ref| elementwise, computed in ``dtype`` (ref rounded to it first)."""
+    r = ref.to(dtype)
+    return ((r + 0.3 - 0.3) - r).abs().double()
+
+
+def relative_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
+    num = torch.linalg.vector_norm((x.double() - ref.double()).flatten()).item()
+    den = torch.linalg.vector_norm(ref.double().flatten()).item()
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def assert_close_by_rules(out: torch.Tensor, out_pt: torch.Tensor, ref: torch.Tensor, *,
+                          kind: str, dtype: torch.dtype, name: str = "X",
+                          t_dim: Optional[int] = 1) -> dict:
+    """Assert R1-R3 for ``out`` (ours) against ``ref`` (float64) with baseline ``out_pt``.
+
+    ``dtype`` is the test (input) dtype, which picks the R2 tolerance. ``t_dim`` is the time axis
+    for the last-quarter R2 check (None for tensors without one, e.g. states). Returns the
+    measured quantities (for messages and for the checker's own tests).
+    """
+    assert kind in R1_C, kind
+    assert out.shape == ref.shape == out_pt.shape, (
+        f"{name}: shapes differ: ours {tuple(out.shape)}, baseline {tuple(out_pt.shape)}, "
+        f"reference {tuple(ref.shape)}"
+    )
+    # R3
+    assert torch.isfinite(out).all(), f"{name}: {(~torch.isfinite(out)).sum().item()} non-finite values"
+    if out.numel() == 0:
+        return {}
+    ref = ref.double()
+    err = (out.double() - ref).abs()
+    err_pt = (out_pt.double() - ref).abs()
+    rnd = rounding_error(ref, out.dtype)
+    m = {
+        "max_err": err.max().item(),
+        "max_err_pt": err_pt.max().item(),
+        "rounding": 2.0 * rnd.max().item(),
+        "mean_err": err.mean().item(),
+        "mean_err_pt": err_pt.mean().item(),
+        "mean_rounding": rnd.mean().item(),
+        "rel_rms": relative_rms(out, ref),
+    }
+    c = R1_C[kind]
+    bound = c * m["max_err_pt"] + m["rounding"]
+    assert m["max_err"] <= bound, (
+        f"{name}: R1 max error {m['max_err']:.3e} > {c} * baseline {m['max_err_pt']:.3e} "
+        f"+ rounding {m['rounding']:.3e} = {bound:.3e}"
+    )
+    mean_bound = R1_MEAN_FACTOR * m["mean_err_pt"] + m["mean_rounding"]
+    assert m["mean_err"] <= mean_bound, (
+        f"{name}: R1 mean error {m['mean_err']:.3e} > {R1_MEAN_FACTOR} * baseline "
+        f"{m['mean_err_pt']:.3e} + mean rounding {m['mean_rounding']:.3e} = {mean_bound:.3e}"
+    )
+    tol = R2_TOL[dtype]
+    assert m["rel_rms"] <= tol, f"{name}: R2 relative RMS {m['rel_rms']:.3e} > {tol:.0e}"
+    if t_dim is not None and out.shape[t_dim] >= 4:
+        T = out.shape[t_dim]
+        start = T - T // 4
+        tail = relative_rms(out.narrow(t_dim, start, T - start), ref.narrow(t_dim, start, T - start))
+        m["rel_rms_tail"] = tail
+        assert tail <= tol, (
+            f"{name}: R2 relative RMS on the last quarter along T {tail:.3e} > {tol:.0e}"
+        )
+    return m
