@@ -1,0 +1,124 @@
+"""R6 and the decode step: prefill + step-by-step decode and split/resume through (S, z) equal
+one long call; linear_attn_step against the reference; state pools and state_indices."""
+import pytest
+import torch
+
+from cases import Case, make_inputs, run
+
+DT = [torch.float32, torch.bfloat16]
+
+
+def _inputs(B, T, H, Hkv, K, V, dtype, device):
+    g = torch.Generator().manual_seed(3)
+    mk = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)  # noqa: E731
+    return mk(B, T, H, K), mk(B, T, Hkv, K), mk(B, T, Hkv, V)
+
+
+@pytest.mark.parametrize("dtype", DT, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "unnorm"])
+def test_prefill_then_decode_equals_one_call(ar, device, dtype, normalize):
+    B, T, T0, H, Hkv, K, V = 2, 90, 67, 4, 2, 32, 48
+    q, k, v = _inputs(B, T, H, Hkv, K, V, dtype, device)
+    kw = dict(feature_map="elu1", normalize=normalize)
+    o_all, st_all = ar.chunk_linear_attn(q, k, v, output_final_state=True, **kw)
+    o_pre, st = ar.chunk_linear_attn(q[:, :T0], k[:, :T0], v[:, :T0], output_final_state=True, **kw)
+    assert st.S.dtype == torch.float32 and (st.z is None) == (not normalize)
+    S = st.S.clone()
+    z = st.z.clone() if normalize else None
+    outs = [ar.linear_attn_step(q[:, t], k[:, t], v[:, t], (S, z), **kw) for t in range(T0, T)]
+    o_dec = torch.stack(outs, 1)
+    torch.testing.assert_close(o_pre, o_all[:, :T0])
+    torch.testing.assert_close(o_dec, o_all[:, T0:])
+    torch.testing.assert_close(S, st_all.S)
+    if normalize:
+        torch.testing.assert_close(z, st_all.z)
+
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+def test_split_and_resume_equals_one_call_forward_and_backward(ar, device, op):
+    """Gradients flow through the state handed from the first call to the second."""
+    case = Case(2, 100, 2, 16, torch.float32, V=24, initial_state=True, final_state=True)
+    inp = make_inputs(case, device)
+    fn = getattr(ar, f"{op}_linear_attn")
+    whole = run(fn, case, inp)
+    split = 37
+
+    def two_calls(q, k, v, initial_state=None, **kw):
+        o1, st1 = fn(q[:, :split], k[:, :split], v[:, :split], initial_state=initial_state, **kw)
+        o2, st2 = fn(q[:, split:], k[:, split:], v[:, split:], initial_state=st1, **kw)
+        return torch.cat([o1, o2], 1), st2
+
+    parts = run(two_calls, case, inp)
+    for name in whole:
+        torch.testing.assert_close(parts[name], whole[name], msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("dtype", DT + [torch.float16], ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("rank", [3, 4])
+@pytest.mark.parametrize("feature_map", [None, "elu1", "relu"])
+def test_step_matches_reference(ar, ref, device, dtype, rank, feature_map):
+    B, H, Hkv, K, V = 3, 4, 2, 60, 20
+    normalize = feature_map is not None
+    q, k, v = (x[:, 0] for x in _inputs(B, 1, H, Hkv, K, V, dtype, device))
+    if rank == 4:
+        q, k, v = q[:, None], k[:, None], v[:, None]
+    S = torch.randn(B, Hkv, K, V, device=device)
+    z = torch.rand(B, Hkv, K, device=device) * 5 + 1 if normalize else None
+    S_ref = S.double()
+    z_ref = z.double() if normalize else None
+    kw = dict(feature_map=feature_map, normalize=normalize, scale=0.3)
+    o = ar.linear_attn_step(q, k, v, (S, z), **kw)
+    o_ref = ref.linear_attn_step(q.double(), k.double(), v.double(), (S_ref, z_ref), **kw)
+    assert o.shape == (B, 1, H, V) if rank == 4 else (B, H, V)
+    assert o.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
+    torch.testing.assert_close(o, o_ref.to(dtype), **tol)
+    torch.testing.assert_close(S, S_ref.float(), rtol=1e-5, atol=1e-5)
+    if normalize:
+        torch.testing.assert_close(z, z_ref.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+def test_step_state_indices_address_pool_rows_and_skip_negative(ar, ref, device, index_dtype):
+    P, B, H, K, V = 6, 4, 2, 16, 8
+    q, k, v = (x[:, 0] for x in _inputs(B, 1, H, H, K, V, torch.float32, device))
+    S = torch.randn(P, H, K, V, device=device)
+    z = torch.rand(P, H, K, device=device) + 1
+    idx = torch.tensor([5, -1, 0, 2], dtype=index_dtype, device=device)
+    S_ref, z_ref = S.clone().double(), z.clone().double()
+    before_S, before_z = S.clone(), z.clone()
+    o = ar.linear_attn_step(q, k, v, (S, z), feature_map="elu1", state_indices=idx)
+    o_ref = ref.linear_attn_step(q.double(), k.double(), v.double(), (S_ref, z_ref),
+                                 feature_map="elu1", state_indices=idx)
+    torch.testing.assert_close(o, o_ref.float())
+    assert torch.equal(o[1], torch.zeros_like(o[1])), "skipped row must output zeros"
+    for row in (1, 3, 4):  # rows nobody addressed: bitwise untouched
+        assert torch.equal(S[row], before_S[row]) and torch.equal(z[row], before_z[row])
+    for row in (5, 0, 2):
+        torch.testing.assert_close(S[row], S_ref[row].float())
+        torch.testing.assert_close(z[row], z_ref[row].float())
+        assert not torch.equal(S[row], before_S[row])
+
+
+def test_step_skips_padding_rows_over_poisoned_output_memory(ar, device):
+    """The zero rows of skipped entries are written, not left as whatever memory held."""
+    B, H, K, V = 64, 2, 16, 16
+    held = [torch.full((B * H * V,), float("nan"), device=device) for _ in range(4)]
+    del held
+    q, k, v = (torch.randn(B, H, d, device=device) for d in (K, K, V))
+    S = torch.zeros(B, H, K, V, device=device)
+    z = torch.ones(B, H, K, device=device)
+    idx = torch.full((B,), -1, dtype=torch.int64, device=device)
+    o = ar.linear_attn_step(q, k, v, (S, z), state_indices=idx)
+    assert torch.equal(o, torch.zeros_like(o))
+    assert torch.equal(S, torch.zeros_like(S)) and torch.equal(z, torch.ones_like(z))
+
+
+def test_step_unnormalized_state_without_z(ar, device):
+    B, H, K, V = 2, 2, 8, 8
+    q, k, v = (torch.randn(B, H, d, device=device) for d in (K, K, V))
+    S = torch.zeros(B, H, K, V, device=device)
+    o = ar.linear_attn_step(q, k, v, ar.LinearAttnState(S, None), normalize=False, scale=1.0)
+    S_expect = k.unsqueeze(-1) * v.unsqueeze(-2)
+    torch.testing.assert_close(S, S_expect)
+    torch.testing.assert_close(o, torch.einsum("bhk,bhkv->bhv", q, S_expect))

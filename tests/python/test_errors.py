@@ -1,0 +1,181 @@
+"""Every bad input raises ValueError/RuntimeError whose message names the offending argument.
+Nothing is silently wrong."""
+import pytest
+import torch
+
+from conftest import HAS_CUDA
+
+CUDA_ONLY = pytest.mark.skipif(not HAS_CUDA, reason="needs a second device")
+
+
+def _valid(device, B=2, T=8, H=4, Hkv=2, K=16, V=8, dtype=torch.float32):
+    return dict(q=torch.randn(B, T, H, K, device=device, dtype=dtype),
+                k=torch.randn(B, T, Hkv, K, device=device, dtype=dtype),
+                v=torch.randn(B, T, Hkv, V, device=device, dtype=dtype),
+                kw=dict(feature_map="elu1"))
+
+
+def _state(device, N=2, Hkv=2, K=16, V=8, dtype=torch.float32):
+    return (torch.zeros(N, Hkv, K, V, device=device, dtype=dtype),
+            torch.ones(N, Hkv, K, device=device, dtype=dtype))
+
+
+def _varlen(device, cu, T=8):
+    d = _valid(device, B=1, T=T)
+    d["kw"]["cu_seqlens"] = cu.to(device) if isinstance(cu, torch.Tensor) else cu
+    return d
+
+
+def _set(**changes):
+    def f(device):
+        d = _valid(device)
+        for key, val in changes.items():
+            val = val(device, d) if callable(val) else val
+            if key in ("q", "k", "v"):
+                d[key] = val
+            else:
+                d["kw"][key] = val
+        return d
+    return f
+
+
+other = "cpu" if HAS_CUDA else None
+
+
+def _other_device(device):
+    return "cpu" if device == "cuda" else "cuda"
+
+
+# (id, builder(device) -> dict(q, k, v, kw), regex naming the argument, marks)
+SEQUENCE_CASES = [
+    ("k-on-other-device", _set(k=lambda dev, d: d["k"].to(_other_device(dev))), r"\bk\b", CUDA_ONLY),
+    ("initial_state-on-other-device",
+     _set(initial_state=lambda dev, d: _state(_other_device(dev))), r"initial_state", CUDA_ONLY),
+    ("q-int-dtype", _set(q=lambda dev, d: d["q"].to(torch.int32)), r"\bq\b", None),
+    ("k-dtype-mix", _set(k=lambda dev, d: d["k"].to(torch.bfloat16)), r"\bk\b", None),
+    ("v-dtype-mix", _set(v=lambda dev, d: d["v"].double()), r"\bv\b", None),
+    ("q-rank-3", _set(q=lambda dev, d: d["q"][0]), r"\bq\b", None),
+    ("k-rank-5", _set(k=lambda dev, d: d["k"][None]), r"\bk\b", None),
+    ("k-batch-mismatch", _set(k=lambda dev, d: d["k"][:1]), r"\bk\b", None),
+    ("v-seqlen-mismatch", _set(v=lambda dev, d: d["v"][:, :5]), r"\bv\b", None),
+    ("k-headdim-mismatch", _set(k=lambda dev, d: d["k"][..., :8]), r"\bk\b", None),
+    ("v-heads-differ-from-k", _set(v=lambda dev, d: d["v"][:, :, :1]), r"\bv\b", None),
+    ("H-not-divisible-by-Hkv",
+     _set(k=lambda dev, d: torch.randn(2, 8, 3, 16, device=dev),
+          v=lambda dev, d: torch.randn(2, 8, 3, 8, device=dev)), r"\b(q|k)\b", None),
+    ("headdim-K-0",
+     _set(q=lambda dev, d: d["q"][..., :0], k=lambda dev, d: d["k"][..., :0]), r"\b(q|k)\b", None),
+    ("headdim-V-0", _set(v=lambda dev, d: d["v"][..., :0]), r"\bv\b", None),
+    ("headdim-K-257",
+     _set(q=lambda dev, d: torch.randn(2, 8, 4, 257, device=dev),
+          k=lambda dev, d: torch.randn(2, 8, 2, 257, device=dev)), r"\b(q|k)\b", None),
+    ("headdim-V-300", _set(v=lambda dev, d: torch.randn(2, 8, 2, 300, device=dev)), r"\bv\b", None),
+    ("q-last-dim-stride-2",
+     _set(q=lambda dev, d: torch.randn(2, 8, 4, 32, device=dev)[..., ::2]), r"\bq\b", None),
+    ("v-last-dim-stride-2",
+     _set(v=lambda dev, d: torch.randn(2, 8, 2, 16, device=dev)[..., ::2]), r"\bv\b", None),
+    ("cu_seqlens-float", lambda dev: _varlen(dev, torch.tensor([0.0, 3.0, 8.0])), r"cu_seqlens", None),
+    ("cu_seqlens-not-from-0", lambda dev: _varlen(dev, torch.tensor([1, 3, 8])), r"cu_seqlens", None),
+    ("cu_seqlens-decreasing", lambda dev: _varlen(dev, torch.tensor([0, 5, 3, 8])), r"cu_seqlens", None),
+    ("cu_seqlens-not-ending-at-T", lambda dev: _varlen(dev, torch.tensor([0, 3, 7])), r"cu_seqlens", None),
+    ("cu_seqlens-past-T", lambda dev: _varlen(dev, torch.tensor([0, 3, 9])), r"cu_seqlens", None),
+    ("cu_seqlens-2d", lambda dev: _varlen(dev, torch.tensor([[0, 3, 8]])), r"cu_seqlens", None),
+    ("cu_seqlens-with-B2",
+     _set(cu_seqlens=lambda dev, d: torch.tensor([0, 8], dtype=torch.int32, device=dev)),
+     r"cu_seqlens", None),
+    ("initial_state-S-wrong-shape",
+     _set(initial_state=lambda dev, d: (torch.zeros(2, 2, 16, 9, device=dev), _state(dev)[1])),
+     r"initial_state", None),
+    ("initial_state-wrong-N",
+     _set(initial_state=lambda dev, d: _state(dev, N=3)), r"initial_state", None),
+    ("initial_state-z-wrong-shape",
+     _set(initial_state=lambda dev, d: (_state(dev)[0], torch.ones(2, 4, 16, device=dev))),
+     r"initial_state", None),
+    ("initial_state-S-wrong-dtype",
+     _set(initial_state=lambda dev, d: _state(dev, dtype=torch.bfloat16)), r"initial_state", None),
+    ("initial_state-fp64-for-fp32",
+     _set(initial_state=lambda dev, d: _state(dev, dtype=torch.float64)), r"initial_state", None),
+    ("initial_state-missing-z-with-normalize",
+     _set(initial_state=lambda dev, d: (_state(dev)[0], None)), r"initial_state", None),
+    ("feature_map-unknown", _set(feature_map="gelu"), r"feature_map", None),
+    ("feature_map-not-str-or-callable", _set(feature_map=3), r"feature_map", None),
+    ("scale-nan", _set(scale=float("nan")), r"scale", None),
+]
+CHUNK_ONLY_CASES = [
+    ("chunk_size-0", _set(chunk_size=0), r"chunk_size", None),
+    ("chunk_size-negative", _set(chunk_size=-16), r"chunk_size", None),
+]
+
+
+def _step_valid(device, B=3, P=4, H=4, Hkv=2, K=16, V=8):
+    return dict(q=torch.randn(B, H, K, device=device), k=torch.randn(B, Hkv, K, device=device),
+                v=torch.randn(B, Hkv, V, device=device),
+                state=(torch.zeros(P, Hkv, K, V, device=device), torch.ones(P, Hkv, K, device=device)),
+                kw=dict(feature_map="elu1"))
+
+
+def _step_set(**changes):
+    def f(device):
+        d = _step_valid(device)
+        for key, val in changes.items():
+            val = val(device, d) if callable(val) else val
+            if key in ("q", "k", "v", "state"):
+                d[key] = val
+            else:
+                d["kw"][key] = val
+        return d
+    return f
+
+
+def _idx(*rows, dtype=torch.int64):
+    return lambda dev, d: torch.tensor(rows, dtype=dtype, device=dev)
+
+
+STEP_CASES = [
+    ("step-q-2d", _step_set(q=lambda dev, d: d["q"][0]), r"\bq\b", None),
+    ("step-q-5d", _step_set(q=lambda dev, d: d["q"][:, None, None]), r"\bq\b", None),
+    ("step-q-4d-T2", _step_set(q=lambda dev, d: torch.randn(3, 2, 4, 16, device=dev)), r"\bq\b", None),
+    ("step-k-dtype-mix", _step_set(k=lambda dev, d: d["k"].half()), r"\bk\b", None),
+    ("step-state_indices-out-of-range", _step_set(state_indices=_idx(0, 4, 1)), r"state_indices", None),
+    ("step-state_indices-duplicate", _step_set(state_indices=_idx(2, 0, 2)), r"state_indices", None),
+    ("step-state_indices-wrong-length", _step_set(state_indices=_idx(0, 1)), r"state_indices", None),
+    ("step-state_indices-float",
+     _step_set(state_indices=lambda dev, d: torch.tensor([0.0, 1.0, 2.0], device=dev)),
+     r"state_indices", None),
+    ("step-pool-smaller-than-batch-without-indices",
+     _step_set(state=lambda dev, d: (d["state"][0][:2], d["state"][1][:2])), r"state", None),
+    ("step-state-S-wrong-shape",
+     _step_set(state=lambda dev, d: (torch.zeros(4, 2, 16, 9, device=dev), d["state"][1])),
+     r"state", None),
+    ("step-state-fp16", _step_set(state=lambda dev, d: (d["state"][0].half(), d["state"][1].half())),
+     r"state", None),
+    ("step-state-missing-z-with-normalize",
+     _step_set(state=lambda dev, d: (d["state"][0], None)), r"state|\bz\b", None),
+    ("step-state-on-other-device",
+     _step_set(state=lambda dev, d: tuple(s.to(_other_device(dev)) for s in d["state"])),
+     r"state", CUDA_ONLY),
+    ("step-feature_map-unknown", _step_set(feature_map="softmax"), r"feature_map", None),
+    ("step-requires-grad", _step_set(q=lambda dev, d: d["q"].requires_grad_()),
+     r"grad|differentiable", None),
+]
+
+
+def _params():
+    out = []
+    for api in ("chunk", "recurrent"):
+        for name, build, regex, mark in SEQUENCE_CASES + (CHUNK_ONLY_CASES if api == "chunk" else []):
+            out.append(pytest.param(api, build, regex, id=f"{api}-{name}",
+                                    marks=[mark] if mark else []))
+    for name, build, regex, mark in STEP_CASES:
+        out.append(pytest.param("step", build, regex, id=name, marks=[mark] if mark else []))
+    return out
+
+
+@pytest.mark.parametrize("api,build,regex", _params())
+def test_bad_input_raises_naming_the_argument(ar, device, api, build, regex):
+    d = build(device)
+    with pytest.raises((ValueError, RuntimeError), match=regex):
+        if api == "step":
+            ar.linear_attn_step(d["q"], d["k"], d["v"], d["state"], **d["kw"])
+        else:
+            getattr(ar, f"{api}_linear_attn")(d["q"], d["k"], d["v"], **d["kw"])
