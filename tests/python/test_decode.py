@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from cases import Case, make_inputs, run
+from numerics import R2_TOL, relative_rms
 
 DT = [torch.float32, torch.bfloat16]
 
@@ -27,11 +28,15 @@ def test_prefill_then_decode_equals_one_call(ar, device, dtype, normalize):
     z = st.z.clone() if normalize else None
     outs = [ar.linear_attn_step(q[:, t], k[:, t], v[:, t], (S, z), **kw) for t in range(T0, T)]
     o_dec = torch.stack(outs, 1)
-    torch.testing.assert_close(o_pre, o_all[:, :T0])
-    torch.testing.assert_close(o_dec, o_all[:, T0:])
-    torch.testing.assert_close(S, st_all.S)
+    # The decode sums q'.S through the state, the chunk op partly inside the chunk: different
+    # summation orders, so judge by the R2 relative RMS of the dtype (unnormalized outputs are
+    # sums of large terms that cancel, elementwise relative tolerances do not apply).
+    tol = R2_TOL[dtype]
+    assert relative_rms(o_pre, o_all[:, :T0]) <= tol
+    assert relative_rms(o_dec, o_all[:, T0:]) <= tol
+    assert relative_rms(S, st_all.S) <= R2_TOL[torch.float32]
     if normalize:
-        torch.testing.assert_close(z, st_all.z)
+        assert relative_rms(z, st_all.z) <= R2_TOL[torch.float32]
 
 
 @pytest.mark.parametrize("op", ["chunk", "recurrent"])
