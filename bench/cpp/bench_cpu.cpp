@@ -1,6 +1,6 @@
 // Timing of the CPU kernels (not a test). Usage: bench_cpu [chunk_size] [threads]
 // fp32, B=2, T=4096, H=4, K=V=64: chunk forward, forward+backward, recurrent forward;
-// decode step with B=8, H=32, K=V=128. Prints the median over repeats in milliseconds.
+// decode step with B=8, H=32, K=V=128. Prints median (min) over repeats in milliseconds.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,7 +13,12 @@
 
 namespace {
 
-double median_ms(const std::function<void()>& f, int reps) {
+// Median and minimum over `reps` timed calls after one warm-up call, in milliseconds.
+struct Timing {
+  double median, min;
+};
+
+Timing time_ms(const std::function<void()>& f, int reps) {
   f();
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
@@ -22,7 +27,7 @@ double median_ms(const std::function<void()>& f, int reps) {
     t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }
   std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return {t[t.size() / 2], t.front()};
 }
 
 std::vector<float> random(size_t n, float lo, float hi, std::mt19937& rng) {
@@ -67,13 +72,16 @@ int main(int argc, char** argv) {
     if (normalize) p.final_z = z.data();
     p.scale = 0.125, p.normalize = normalize, p.chunk_size = chunk;
     p.executor.num_threads = threads;
-    const double fwd = median_ms([&] { check(attnrnn::chunk_linear_attn_fwd(p)); }, 21);
-    const double bwd = median_ms([&] { check(attnrnn::chunk_linear_attn_bwd(p)); }, 11);
-    const double rec = median_ms([&] { check(attnrnn::recurrent_linear_attn_fwd(p)); }, 5);
-    std::printf("fp32 B=%lld T=%lld H=%lld K=V=%lld normalize=%d chunk=%lld: chunk fwd %.2f ms, "
-                "chunk bwd %.2f ms, fwd+bwd %.2f ms, recurrent fwd %.2f ms\n",
-                (long long)B, (long long)T, (long long)H, (long long)K, normalize, (long long)chunk, fwd, bwd,
-                fwd + bwd, rec);
+    const Timing fwd = time_ms([&] { check(attnrnn::chunk_linear_attn_fwd(p)); }, 21);
+    const Timing fb = time_ms([&] {
+      check(attnrnn::chunk_linear_attn_fwd(p));
+      check(attnrnn::chunk_linear_attn_bwd(p));
+    }, 11);
+    const Timing rec = time_ms([&] { check(attnrnn::recurrent_linear_attn_fwd(p)); }, 5);
+    std::printf("fp32 B=%lld T=%lld H=%lld K=V=%lld normalize=%d chunk=%lld: chunk fwd %.2f (%.2f) ms, "
+                "chunk fwd+bwd %.2f (%.2f) ms, recurrent fwd %.2f (%.2f) ms\n",
+                (long long)B, (long long)T, (long long)H, (long long)K, normalize, (long long)chunk, fwd.median,
+                fwd.min, fb.median, fb.min, rec.median, rec.min);
   }
 
   const int64_t Bs = 8, Hs = 32, D = 128;
@@ -93,9 +101,9 @@ int main(int argc, char** argv) {
     sp.pool_size = Bs;
     sp.scale = 0.088, sp.normalize = normalize;
     sp.executor.num_threads = threads;
-    const double t = median_ms([&] { check(attnrnn::linear_attn_step(sp)); }, 51);
-    std::printf("fp32 step B=%lld H=%lld K=V=%lld normalize=%d: %.3f ms\n", (long long)Bs, (long long)Hs,
-                (long long)D, normalize, t);
+    const Timing t = time_ms([&] { check(attnrnn::linear_attn_step(sp)); }, 51);
+    std::printf("fp32 step B=%lld H=%lld K=V=%lld normalize=%d: %.3f (%.3f) ms\n", (long long)Bs, (long long)Hs,
+                (long long)D, normalize, t.median, t.min);
   }
   return 0;
 }

@@ -53,10 +53,15 @@ struct Item {
 
   int64_t item() const { return n * d.Hkv + g; }
 
-  // k' (and phi'(k)), v and their transposes for the L tokens from t0.
-  void load_kv(int64_t t0, int64_t L, bool with_dphi) {
+  // k' (and phi'(k)), v and their transposes for the L tokens from t0; prefetches the rows of
+  // the next chunk to be processed: `ahead` rows from t0 + step.
+  void load_kv(int64_t t0, int64_t L, bool with_dphi, int64_t step, int64_t ahead) {
     const int64_t K = d.K, V = d.V;
     for (int64_t i = 0; i < L; ++i) {
+      if (i < ahead) {
+        prefetch_row(at<T>(p.k, seq.b, t0 + step + i, g), K);
+        prefetch_row(at<T>(p.v, seq.b, t0 + step + i, g), V);
+      }
       load_phi(p.feature_map, at<T>(p.k, seq.b, t0 + i, g), K, A(1), &w.kp[i * K],
                with_dphi ? &w.dphi_k[i * K] : nullptr);
       load_row(at<T>(p.v, seq.b, t0 + i, g), V, &w.v[i * V]);
@@ -66,8 +71,12 @@ struct Item {
   }
 
   // q' (and scale * phi'(q)) and dout of head h.
-  void load_q_do(int64_t t0, int64_t L, int64_t h, bool with_dphi) {
+  void load_q_do(int64_t t0, int64_t L, int64_t h, bool with_dphi, int64_t step, int64_t ahead) {
     for (int64_t i = 0; i < L; ++i) {
+      if (i < ahead) {
+        prefetch_row(at<T>(p.q, seq.b, t0 + step + i, h), d.K);
+        prefetch_row(at<T>(p.dout, seq.b, t0 + step + i, h), d.V);
+      }
       load_phi(p.feature_map, at<T>(p.q, seq.b, t0 + i, h), d.K, scale, &w.qp[i * d.K],
                with_dphi ? &w.dphi_q[i * d.K] : nullptr);
       load_row(at<T>(p.dout, seq.b, t0 + i, h), d.V, &w.dn[i * d.V]);
@@ -91,11 +100,12 @@ struct Item {
     if (p.normalize) load_state(p.initial_z, item(), K, w.z.data());
     for (int64_t c0 = 0; c0 < seq.len; c0 += C) {
       const int64_t L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
-      load_kv(t0, L, false);
+      const int64_t ahead = std::min(C, seq.len - c0 - C);  // rows of the next chunk
+      load_kv(t0, L, false, C, ahead);
       transpose(w.S.data(), K, V, w.St.data());
       for (int64_t hh = 0; hh < G; ++hh) {
         const int64_t h = g * G + hh;
-        load_q_do(t0, L, h, true);
+        load_q_do(t0, L, h, true, C, ahead);
 
         // Numerators and denominators: n = A V + Q' S, den = Q' z + rowsum(A) + eps.
         if (p.normalize) {
@@ -103,12 +113,9 @@ struct Item {
           causal_nn(L, V, w.a.data(), w.v.data(), V, w.nn.data(), V, false);
           gemm(L, V, K, w.qp.data(), K, int64_t(1), w.S.data(), V, w.nn.data(), V, true);
           for (int64_t i = 0; i < L; ++i) {
-            A qz = A(0), ra = A(0), don = A(0);
-            for (int64_t k = 0; k < K; ++k) qz += w.qp[i * K + k] * w.z[k];
-            for (int64_t s = 0; s <= i; ++s) ra += w.a[i * L + s];
-            const A den = qz + ra + eps;
+            const A den = dot(&w.qp[i * K], w.z.data(), K) + sum(&w.a[i * L], i + 1) + eps;
             A* __restrict dn = &w.dn[i * V];
-            for (int64_t j = 0; j < V; ++j) don += dn[j] * w.nn[i * V + j];
+            const A don = dot(dn, &w.nn[i * V], V);
             for (int64_t j = 0; j < V; ++j) dn[j] /= den;
             w.den[(c0 + i) * G + hh] = den;
             w.dd[(c0 + i) * G + hh] = -don / (den * den);
@@ -144,7 +151,8 @@ struct Item {
     const int64_t num_chunks = (seq.len + C - 1) / C;
     for (int64_t c = num_chunks - 1; c >= 0; --c) {
       const int64_t c0 = c * C, L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
-      load_kv(t0, L, true);
+      const int64_t ahead = c > 0 ? C : 0;  // rows of the previous chunk, processed next
+      load_kv(t0, L, true, -C, ahead);
 
       // Inter-chunk: dk' = V dS̃ᵀ + dz̃, dv = K' dS̃ (dS̃, dz̃ from the chunks after this one).
       transpose(w.dS.data(), K, V, w.St.data());
@@ -156,7 +164,7 @@ struct Item {
 
       for (int64_t hh = 0; hh < G; ++hh) {
         const int64_t h = g * G + hh;
-        load_q_do(t0, L, h, false);
+        load_q_do(t0, L, h, false, -C, ahead);
         if (p.normalize)
           for (int64_t i = 0; i < L; ++i) {
             const A inv = A(1) / w.den[(c0 + i) * G + hh];

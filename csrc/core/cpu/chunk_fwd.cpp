@@ -45,16 +45,24 @@ void forward_item(const LinearAttnParams& p, const Dims& d, int64_t C, int64_t i
   for (int64_t c0 = 0; c0 < seq.len; c0 += C) {
     const int64_t L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
 
-    // Load: k' = phi(k) and v of the chunk, k' transposed for the score product.
+    // Load: k' = phi(k) and v of the chunk, k' transposed for the score product; the next
+    // chunk's rows are prefetched (`ahead` of them exist).
+    const int64_t ahead = std::min(L, seq.len - c0 - C);
     for (int64_t i = 0; i < L; ++i) {
+      if (i < ahead) {
+        prefetch_row(at<T>(p.k, seq.b, t0 + C + i, g), K);
+        prefetch_row(at<T>(p.v, seq.b, t0 + C + i, g), V);
+      }
       load_phi(p.feature_map, at<T>(p.k, seq.b, t0 + i, g), K, A(1), &w.kp[i * K], static_cast<A*>(nullptr));
       load_row(at<T>(p.v, seq.b, t0 + i, g), V, &w.v[i * V]);
     }
     transpose(w.kp.data(), L, K, w.kt.data());
 
     for (int64_t h = g * d.G; h < (g + 1) * d.G; ++h) {
-      for (int64_t i = 0; i < L; ++i)
+      for (int64_t i = 0; i < L; ++i) {
+        if (i < ahead) prefetch_row(at<T>(p.q, seq.b, t0 + C + i, h), K);
         load_phi(p.feature_map, at<T>(p.q, seq.b, t0 + i, h), K, scale, &w.qp[i * K], static_cast<A*>(nullptr));
+      }
 
       // Intra-chunk: A = Q' K'ᵀ (s <= t), O = A V.
       causal_scores(L, K, w.qp.data(), w.kt.data(), w.a.data());
@@ -67,10 +75,7 @@ void forward_item(const LinearAttnParams& p, const Dims& d, int64_t C, int64_t i
         for (int64_t i = 0; i < L; ++i) {
           const A* __restrict q = &w.qp[i * K];
           const A* __restrict arow = &w.a[i * L];
-          A qz = A(0), ra = A(0);
-          for (int64_t k = 0; k < K; ++k) qz += q[k] * w.z[k];
-          for (int64_t s = 0; s <= i; ++s) ra += arow[s];
-          const A inv = A(1) / (qz + ra + eps);
+          const A inv = A(1) / (dot(q, w.z.data(), K) + sum(arow, i + 1) + eps);
           A* __restrict orow = &w.o[i * V];
           for (int64_t j = 0; j < V; ++j) orow[j] *= inv;
         }

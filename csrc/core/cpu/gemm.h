@@ -3,39 +3,89 @@
 //   gemm:  C[m x n] (=, +=) Σ_p a(i, p) B[p, j],  a(i, p) = A[i * ars + p * acs],  B row-major.
 //
 // The A operand has arbitrary strides (so Xᵀ Y is a gemm with ars = 1), B and C are row-major with
-// unit column stride. The micro-kernel keeps an MR x NR block of C in registers while it streams
+// unit column stride. The micro-kernel keeps an MR x NR block of C in vector registers while it streams
 // the p loop: each step broadcasts MR values of A and does MR x NR fused multiply-adds against one
 // NR-wide row of B. Column blocks run outermost so the kd x NR panel of B stays in cache.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace attnrnn::cpu {
+
+// 512-bit vectors of the GCC/Clang vector extension hold the accumulators in registers.
+template <class A>
+struct Vec {
+  typedef A type __attribute__((vector_size(64)));
+  static constexpr int W = 64 / sizeof(A);
+};
+
+template <class A>
+inline typename Vec<A>::type load_vec(const A* p) {
+  typename Vec<A>::type x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+template <class A>
+inline void store_vec(A* p, typename Vec<A>::type x) {
+  std::memcpy(p, &x, sizeof x);
+}
+
+// Σ_i x[i] y[i] and Σ_i x[i], vectorized with a fixed summation order (so still deterministic).
+template <class A>
+inline A dot(const A* __restrict x, const A* __restrict y, int64_t n) {
+  using V = typename Vec<A>::type;
+  constexpr int W = Vec<A>::W;
+  V acc{};
+  int64_t i = 0;
+  for (; i + W <= n; i += W) acc += load_vec(x + i) * load_vec(y + i);
+  A s = A(0);
+  for (int j = 0; j < W; ++j) s += acc[j];
+  for (; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+
+template <class A>
+inline A sum(const A* __restrict x, int64_t n) {
+  using V = typename Vec<A>::type;
+  constexpr int W = Vec<A>::W;
+  V acc{};
+  int64_t i = 0;
+  for (; i + W <= n; i += W) acc += load_vec(x + i);
+  A s = A(0);
+  for (int j = 0; j < W; ++j) s += acc[j];
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
 
 template <class A>
 struct Tile {
   static constexpr int MR = 4;
-  static constexpr int NR = 128 / sizeof(A);  // two 512-bit (four 256-bit) vectors per row
+  static constexpr int NV = 2;                 // vectors per row of the block
+  static constexpr int NR = NV * Vec<A>::W;    // 32 floats / 16 doubles
 };
 
 // Full MR x NR block.
-template <class A, int MR, int NR>
+template <class A, int MR>
 inline void micro_kernel(int64_t kd, const A* __restrict a, int64_t ars, int64_t acs,
                          const A* __restrict b, int64_t ldb, A* __restrict c, int64_t ldc,
                          bool accumulate) {
-  A t[MR][NR];
+  using V = typename Vec<A>::type;
+  constexpr int NV = Tile<A>::NV, W = Vec<A>::W;
+  V t[MR][NV];
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NR; ++j) t[r][j] = accumulate ? c[r * ldc + j] : A(0);
+    for (int j = 0; j < NV; ++j) t[r][j] = accumulate ? load_vec(c + r * ldc + j * W) : V{};
   for (int64_t p = 0; p < kd; ++p) {
-    const A* __restrict bp = b + p * ldb;
+    V bp[NV];
+    for (int j = 0; j < NV; ++j) bp[j] = load_vec(b + p * ldb + j * W);
     for (int r = 0; r < MR; ++r) {
       const A ar = a[r * ars + p * acs];
-      for (int j = 0; j < NR; ++j) t[r][j] += ar * bp[j];
+      for (int j = 0; j < NV; ++j) t[r][j] += ar * bp[j];
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NR; ++j) c[r * ldc + j] = t[r][j];
+    for (int j = 0; j < NV; ++j) store_vec(c + r * ldc + j * W, t[r][j]);
 }
 
 // MR x nc block with nc < NR (right edge).
@@ -68,13 +118,13 @@ void gemm(int64_t m, int64_t n, int64_t kd, const A* a, int64_t ars, int64_t acs
     int64_t i = 0;
     for (; i + MR <= m; i += MR) {
       if (nc == NR)
-        micro_kernel<A, MR, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, accumulate);
+        micro_kernel<A, MR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, accumulate);
       else
         micro_kernel_edge<A, MR, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, nc, accumulate);
     }
     for (; i < m; ++i) {
       if (nc == NR)
-        micro_kernel<A, 1, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, accumulate);
+        micro_kernel<A, 1>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, accumulate);
       else
         micro_kernel_edge<A, 1, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, nc, accumulate);
     }

@@ -6,6 +6,7 @@
 //             pass 2 runs in reverse, accumulating dS̃ += q'ᵀ dn, dz̃ += dd q' before
 //             dk' = dS̃ v + dz̃ and dv = k' dS̃.
 #include "common.h"
+#include "gemm.h"
 
 namespace attnrnn::cpu {
 
@@ -37,9 +38,7 @@ A read_out(const A* __restrict qp, const A* __restrict S, const A* __restrict z,
     for (int64_t j = 0; j < V; ++j) o[j] += qk * row[j];
   }
   if (!normalize) return A(1);
-  A qz = A(0);
-  for (int64_t k = 0; k < K; ++k) qz += qp[k] * z[k];
-  return qz + eps;
+  return dot(qp, z, K) + eps;
 }
 
 // S += k'ᵀ v, z += k'.
@@ -103,17 +102,14 @@ void backward_item(const LinearAttnParams& p, const Dims& d, int64_t item, RecSc
       A den = A(1), dd = A(0);
       if (p.normalize) {
         den = read_out(w.qp.data(), w.S.data(), w.z.data(), K, V, true, eps, w.o.data());
-        A don = A(0);
-        for (int64_t j = 0; j < V; ++j) don += w.dn[j] * w.o[j];
+        const A don = dot(w.dn.data(), w.o.data(), V);
         dd = -don / (den * den);
         for (int64_t j = 0; j < V; ++j) w.dn[j] /= den;
       }
       w.den[i * G + hh] = den;
       w.dd[i * G + hh] = dd;
       for (int64_t k = 0; k < K; ++k) {
-        const A* __restrict row = &w.S[k * V];
-        A acc = A(0);
-        for (int64_t j = 0; j < V; ++j) acc += w.dn[j] * row[j];
+        const A acc = dot(w.dn.data(), &w.S[k * V], V);
         w.dq[k] = w.dphi_q[k] * (acc + (p.normalize ? dd * w.z[k] : A(0)));
       }
       store_row(w.dq.data(), K, at<T>(p.dq, seq.b, t, h));
@@ -141,12 +137,8 @@ void backward_item(const LinearAttnParams& p, const Dims& d, int64_t item, RecSc
     for (int64_t k = 0; k < K; ++k) {
       const A* __restrict row = &w.dS[k * V];
       const A kk = w.kp[k];
-      A acc = A(0);
-      for (int64_t j = 0; j < V; ++j) {
-        acc += row[j] * w.v[j];
-        w.dv[j] += kk * row[j];
-      }
-      w.dk[k] = w.dphi_k[k] * (acc + (p.normalize ? w.dz[k] : A(0)));
+      for (int64_t j = 0; j < V; ++j) w.dv[j] += kk * row[j];
+      w.dk[k] = w.dphi_k[k] * (dot(row, w.v.data(), V) + (p.normalize ? w.dz[k] : A(0)));
     }
     store_row(w.dk.data(), K, at<T>(p.dk, seq.b, t, g));
     store_row(w.dv.data(), V, at<T>(p.dv, seq.b, t, g));

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common.h"
+#include "gemm.h"
 
 namespace attnrnn::cpu {
 
@@ -90,9 +91,7 @@ void step_item(const LinearAttnStepParams& p, int64_t item, StepScratch<acc_t<T>
   for (int64_t hh = 0; hh < G; ++hh) {
     A* __restrict o = &w.o[hh * V];
     if (p.normalize) {
-      A qz = A(0);
-      for (int64_t k = 0; k < K; ++k) qz += w.qp[hh * K + k] * z[k];
-      const A inv = A(1) / (qz + eps);
+      const A inv = A(1) / (dot(&w.qp[hh * K], z, K) + eps);
       for (int64_t j = 0; j < V; ++j) o[j] *= inv;
     }
     store_row(o, V, o_at(g * G + hh));
