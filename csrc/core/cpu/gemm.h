@@ -61,7 +61,7 @@ inline A sum(const A* __restrict x, int64_t n) {
 
 template <class A>
 struct Tile {
-  static constexpr int MR = 4;
+  static constexpr int MR = 8;
   static constexpr int NV = 2;                 // vectors per row of the block
   static constexpr int NR = NV * Vec<A>::W;    // 32 floats / 16 doubles
 };
@@ -121,6 +121,13 @@ void gemm(int64_t m, int64_t n, int64_t kd, const A* a, int64_t ars, int64_t acs
         micro_kernel<A, MR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, accumulate);
       else
         micro_kernel_edge<A, MR, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, nc, accumulate);
+    }
+    if (MR > 4 && i + 4 <= m) {
+      if (nc == NR)
+        micro_kernel<A, 4>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, accumulate);
+      else
+        micro_kernel_edge<A, 4, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, nc, accumulate);
+      i += 4;
     }
     for (; i < m; ++i) {
       if (nc == NR)
