@@ -84,6 +84,23 @@ int main(int argc, char** argv) {
                 fwd.min, fb.median, fb.min, rec.median, rec.min);
   }
 
+  {  // One long sequence and one head: the forward is split into segments to use the threads.
+    const int64_t T1 = 32768;
+    auto q1 = random(T1 * K, 0.f, 1.f, rng), k1 = random(T1 * K, 0.f, 1.f, rng), v1 = random(T1 * V, -1.f, 1.f, rng);
+    std::vector<float> o1(T1 * V);
+    attnrnn::LinearAttnParams p;
+    p.batch = 1, p.seqlen = T1, p.num_heads = 1, p.num_kv_heads = 1, p.head_dim_k = K, p.head_dim_v = V;
+    p.q = {q1.data(), T1 * K, K, K};
+    p.k = {k1.data(), T1 * K, K, K};
+    p.v = {v1.data(), T1 * V, V, V};
+    p.o = {o1.data(), T1 * V, V, V};
+    p.scale = 0.125, p.normalize = true, p.chunk_size = chunk;
+    p.executor.num_threads = threads;
+    const Timing fwd = time_ms([&] { check(attnrnn::chunk_linear_attn_fwd(p)); }, 11);
+    std::printf("fp32 B=1 T=%lld H=1 K=V=%lld normalize=1 chunk=%lld: chunk fwd %.2f (%.2f) ms\n",
+                (long long)T1, (long long)K, (long long)chunk, fwd.median, fwd.min);
+  }
+
   const int64_t Bs = 8, Hs = 32, D = 128;
   auto sq = random(Bs * Hs * D, 0.f, 1.f, rng), sk = random(Bs * Hs * D, 0.f, 1.f, rng);
   auto sv = random(Bs * Hs * D, -1.f, 1.f, rng);

@@ -83,10 +83,12 @@ int main() {
 
   // 4. Determinism: the default executor (any thread count), a serial executor and one running the
   //    items one by one in reverse give bitwise-identical outputs and gradients.
+  //    A single long sequence is also cut into segments computed in parallel (chunk forward).
   for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
     Case c;
     c.dt = dt, c.H = 4, c.Hkv = 2, c.K = 20, c.V = 36, c.fm = FeatureMap::kElu1, c.normalize = true;
     c.initial = true, c.lens = {40, 0, 129, 3, 77};
+    if (dt == DType::kBFloat16) c.lens = {1000}, c.H = 2, c.Hkv = 1;
     const Problem pb(c);
     for (bool chunk : {true, false}) {
       attnrnn::CpuExecutor serial, reverse, three;

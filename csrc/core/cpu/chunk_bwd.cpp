@@ -9,8 +9,12 @@
 //   pass 2 (reverse over chunks, dS̃, dz̃ = gradient flowing from the chunks after):
 //     dk' = Σ_h dAᵀ Q' + V dS̃ᵀ + dz̃,  dv = Σ_h Aᵀ dN + K' dS̃
 //     dS̃ += Σ_h Q'ᵀ dN,  dz̃ += Σ_h Σ_t dd_t q'_t
+// With few items the sequences are cut into segments (segments.h): the states at segment starts
+// come from the forward scan, pass 1 of each segment also sums its Σ_h Q'ᵀ dN, Σ dd q', and a
+// suffix sum of those gives dS̃, dz̃ at every segment end for pass 2; all segments run in parallel.
 #include "common.h"
 #include "gemm.h"
+#include "segments.h"
 
 namespace attnrnn::cpu {
 
@@ -32,7 +36,6 @@ struct BwdScratch {
   std::vector<A> S, dS;       // K x V   state / state gradient
   std::vector<A> St;          // V x K   S or dS̃ transposed
   std::vector<A> z, dz;       // K
-  std::vector<A> den, dd;     // len x G per token and query head of the group
 
   BwdScratch(const Dims& d, int64_t C)
       : kp(C * d.K), dphi_k(C * d.K), kt(d.K * C), v(C * d.V), vt(d.V * C), qp(C * d.K),
@@ -40,18 +43,19 @@ struct BwdScratch {
         S(d.K * d.V), dS(d.K * d.V), St(d.V * d.K), z(d.K), dz(d.K) {}
 };
 
-// Context of one work item.
+// Context of one segment of one (sequence, kv head) item.
 template <class T>
-struct Item {
+struct Work {
   using A = acc_t<T>;
   const LinearAttnParams& p;
   const Dims& d;
   BwdScratch<A>& w;
+  const Segment& sg;
   Seq seq;
-  int64_t n, g;
+  int64_t g, C;
   A scale, eps;
-
-  int64_t item() const { return n * d.Hkv + g; }
+  A* den;  // seq.len x G: den and dd per token and query head (normalize only), kept for pass 2
+  A* dd;
 
   // k' (and phi'(k)), v and their transposes for the L tokens from t0; prefetches the rows of
   // the next chunk to be processed: `ahead` rows from t0 + step.
@@ -88,19 +92,18 @@ struct Item {
     causal_scores(L, d.V, w.dn.data(), w.vt.data(), w.da.data());
     if (!p.normalize) return;
     for (int64_t i = 0; i < L; ++i) {
-      const A dd = w.dd[(c0 + i) * d.G + hh];
+      const A dd = this->dd[(c0 + i) * d.G + hh];
       for (int64_t s = 0; s <= i; ++s) w.da[i * L + s] += dd;
     }
   }
 
-  // Pass 1: dq for every query head of the group, den and dd per token.
-  void forward_pass() {
-    const int64_t K = d.K, V = d.V, G = d.G, C = chunk_of(p);
-    load_state(p.initial_S, item(), K * V, w.S.data());
-    if (p.normalize) load_state(p.initial_z, item(), K, w.z.data());
-    for (int64_t c0 = 0; c0 < seq.len; c0 += C) {
-      const int64_t L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
-      const int64_t ahead = std::min(C, seq.len - c0 - C);  // rows of the next chunk
+  // Pass 1 from the state in w.S, w.z: dq for every query head of the group, den and dd per token.
+  // When inc is non-null it receives Σ_h Q'ᵀ dN and Σ_h Σ_t dd_t q'_t of the segment (S then z).
+  void forward_pass(A* inc) {
+    const int64_t K = d.K, V = d.V, G = d.G, end = std::min(seq.len, sg.chunk_end * C);
+    for (int64_t c0 = sg.chunk_begin * C; c0 < end; c0 += C) {
+      const int64_t L = std::min(C, end - c0), t0 = seq.t0 + c0;
+      const int64_t ahead = std::min(C, end - c0 - C);  // rows of the next chunk
       load_kv(t0, L, false, C, ahead);
       transpose(w.S.data(), K, V, w.St.data());
       for (int64_t hh = 0; hh < G; ++hh) {
@@ -117,9 +120,16 @@ struct Item {
             A* __restrict dn = &w.dn[i * V];
             const A don = dot(dn, &w.nn[i * V], V);
             for (int64_t j = 0; j < V; ++j) dn[j] /= den;
-            w.den[(c0 + i) * G + hh] = den;
-            w.dd[(c0 + i) * G + hh] = -don / (den * den);
+            this->den[(c0 + i) * G + hh] = den;
+            this->dd[(c0 + i) * G + hh] = -don / (den * den);
           }
+        }
+
+        if (inc != nullptr) {  // this segment's share of the state gradient
+          gemm(K, V, L, w.qp.data(), int64_t(1), K, w.dn.data(), V, inc, V, true);
+          if (p.normalize)
+            for (int64_t i = 0; i < L; ++i)
+              for (int64_t k = 0; k < K; ++k) inc[K * V + k] += dd[(c0 + i) * G + hh] * w.qp[i * K + k];
         }
 
         // Intra-chunk: dq' = dA K'.
@@ -128,10 +138,10 @@ struct Item {
         // Inter-chunk: dq' += dN Sᵀ + dd z.
         gemm(L, K, V, w.dn.data(), V, int64_t(1), w.St.data(), K, w.dx.data(), K, true);
         for (int64_t i = 0; i < L; ++i) {
-          const A dd = p.normalize ? w.dd[(c0 + i) * G + hh] : A(0);
+          const A ddi = p.normalize ? dd[(c0 + i) * G + hh] : A(0);
           A* __restrict dq = &w.dx[i * K];
           const A* __restrict f = &w.dphi_q[i * K];
-          for (int64_t k = 0; k < K; ++k) dq[k] = f[k] * (dq[k] + dd * w.z[k]);
+          for (int64_t k = 0; k < K; ++k) dq[k] = f[k] * (dq[k] + ddi * w.z[k]);
           store_row(dq, K, at<T>(p.dq, seq.b, t0 + i, h));
         }
       }
@@ -143,15 +153,14 @@ struct Item {
     }
   }
 
-  // Pass 2: dk, dv and the gradient of the initial state.
+  // Pass 2 from the gradient in w.dS, w.dz (at the segment end): dk, dv; leaves dS̃, dz̃ at the
+  // segment start in w.dS, w.dz.
   void reverse_pass() {
-    const int64_t K = d.K, V = d.V, G = d.G, C = chunk_of(p);
-    load_state(p.d_final_S, item(), K * V, w.dS.data());
-    if (p.normalize) load_state(p.d_final_z, item(), K, w.dz.data());
-    const int64_t num_chunks = (seq.len + C - 1) / C;
-    for (int64_t c = num_chunks - 1; c >= 0; --c) {
+    const int64_t K = d.K, V = d.V, G = d.G;
+    const int64_t last = std::min((seq.len + C - 1) / C, sg.chunk_end) - 1;
+    for (int64_t c = last; c >= sg.chunk_begin; --c) {
       const int64_t c0 = c * C, L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
-      const int64_t ahead = c > 0 ? C : 0;  // rows of the previous chunk, processed next
+      const int64_t ahead = c > sg.chunk_begin ? C : 0;  // rows of the previous chunk, processed next
       load_kv(t0, L, true, -C, ahead);
 
       // Inter-chunk: dk' = V dS̃ᵀ + dz̃, dv = K' dS̃ (dS̃, dz̃ from the chunks after this one).
@@ -167,7 +176,7 @@ struct Item {
         load_q_do(t0, L, h, false, -C, ahead);
         if (p.normalize)
           for (int64_t i = 0; i < L; ++i) {
-            const A inv = A(1) / w.den[(c0 + i) * G + hh];
+            const A inv = A(1) / den[(c0 + i) * G + hh];
             for (int64_t j = 0; j < V; ++j) w.dn[i * V + j] *= inv;
           }
 
@@ -181,8 +190,8 @@ struct Item {
         gemm(K, V, L, w.qp.data(), int64_t(1), K, w.dn.data(), V, w.dS.data(), V, true);
         if (p.normalize)
           for (int64_t i = 0; i < L; ++i) {
-            const A dd = w.dd[(c0 + i) * G + hh];
-            for (int64_t k = 0; k < K; ++k) w.dz[k] += dd * w.qp[i * K + k];
+            const A ddi = dd[(c0 + i) * G + hh];
+            for (int64_t k = 0; k < K; ++k) w.dz[k] += ddi * w.qp[i * K + k];
           }
       }
 
@@ -193,8 +202,6 @@ struct Item {
         store_row(&w.dv[i * V], V, at<T>(p.dv, seq.b, t0 + i, g));
       }
     }
-    store_state(w.dS.data(), item(), K * V, p.d_initial_S);
-    if (p.normalize) store_state(w.dz.data(), item(), K, p.d_initial_z);
   }
 };
 
@@ -205,18 +212,64 @@ Status chunk_bwd(const LinearAttnParams& p) {
     using T = decltype(tag);
     using A = acc_t<T>;
     const Dims d = dims_of(p);
-    const int64_t C = chunk_of(p);
-    parallel_for(p.executor, d.N * d.Hkv, 1, [&](int64_t begin, int64_t end) {
+    const int64_t C = chunk_of(p), K = d.K, KV = d.K * d.V, block = KV + K;
+    const std::vector<Segment> plan = plan_segments(p, d, C);
+    const int64_t units = static_cast<int64_t>(plan.size()), items = d.N * d.Hkv;
+
+    // Per-token den and dd of every item (normalize only): item i at offset[i].
+    std::vector<int64_t> offset(items + 1, 0);
+    for (int64_t i = 0; i < items; ++i)
+      offset[i + 1] = offset[i] + (p.normalize ? sequence(p, i / d.Hkv).len * d.G : 0);
+    std::vector<A> den(offset[items]), dd(offset[items]);
+    auto work = [&](BwdScratch<A>& w, int64_t u) {
+      const Segment& sg = plan[u];
+      return Work<T>{p, d, w, sg, sequence(p, sg.item / d.Hkv), sg.item % d.Hkv, C,
+                     static_cast<A>(p.scale), static_cast<A>(p.eps), den.data() + offset[sg.item], dd.data() + offset[sg.item]};
+    };
+
+    // States at segment starts; ends[u] will hold dS̃, dz̃ at the end of segment u (not last).
+    const std::vector<A> start = segment_starts<T>(p, d, C, plan);
+    std::vector<A> ends(start.empty() ? 0 : units * block, A(0));
+
+    // Pass 1 of every segment; segment u's share of the state gradient goes to ends[u - 1].
+    parallel_for(p.executor, units, 1, [&](int64_t begin, int64_t end) {
       BwdScratch<A> w(d, C);
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t n = item / d.Hkv;
-        Item<T> it{p, d, w, sequence(p, n), n, item % d.Hkv, static_cast<A>(p.scale), static_cast<A>(p.eps)};
-        if (p.normalize) {
-          w.den.resize(it.seq.len * d.G);
-          w.dd.resize(it.seq.len * d.G);
+      for (int64_t u = begin; u < end; ++u) {
+        load_segment_start(p, d, plan, start, u, w.S.data(), w.z.data());
+        work(w, u).forward_pass(ends.empty() || plan[u].first ? nullptr : &ends[(u - 1) * block]);
+      }
+    });
+
+    // Suffix sums: dS̃ at the end of segment u = d_final + the shares of the segments after it.
+    std::vector<A> fin(block);
+    for (int64_t u = units - 1; u >= 0 && !ends.empty(); --u) {
+      if (plan[u].last) continue;
+      const A* next = &ends[(u + 1) * block];
+      if (plan[u + 1].last) {
+        load_state(p.d_final_S, plan[u].item, KV, fin.data());
+        load_state(p.normalize ? p.d_final_z : nullptr, plan[u].item, K, fin.data() + KV);
+        next = fin.data();
+      }
+      for (int64_t i = 0; i < block; ++i) ends[u * block + i] += next[i];
+    }
+
+    // Pass 2 of every segment from the gradient at its end; the first one writes d_initial.
+    parallel_for(p.executor, units, 1, [&](int64_t begin, int64_t end) {
+      BwdScratch<A> w(d, C);
+      for (int64_t u = begin; u < end; ++u) {
+        const Segment& sg = plan[u];
+        if (sg.last) {
+          load_state(p.d_final_S, sg.item, KV, w.dS.data());
+          if (p.normalize) load_state(p.d_final_z, sg.item, K, w.dz.data());
+        } else {
+          std::copy(&ends[u * block], &ends[u * block] + KV, w.dS.data());
+          std::copy(&ends[u * block] + KV, &ends[(u + 1) * block], w.dz.data());
         }
-        it.forward_pass();
-        it.reverse_pass();
+        work(w, u).reverse_pass();
+        if (sg.first) {
+          store_state(w.dS.data(), sg.item, KV, p.d_initial_S);
+          if (p.normalize) store_state(w.dz.data(), sg.item, K, p.d_initial_z);
+        }
       }
     });
     return Status::kSuccess;

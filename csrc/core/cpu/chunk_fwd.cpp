@@ -6,9 +6,13 @@
 //   intra-chunk:  O  = A V                       (the chunk's own tokens, current one included)
 //   inter-chunk:  O += Q' S,   den = Q' z + rowsum(A) + eps
 //   state update: S += K'ᵀ V,  z += Σ_t k'_t
-// Each item is computed by one thread in a fixed order, so results do not depend on the executor.
+// With few items (plan_segments) a sequence is also cut into segments of whole chunks, computed in
+// three phases: the state increment Σ K'ᵀ V of each segment, a prefix sum giving the state at
+// each segment start, then the chunks of every segment from its start state, all in parallel.
+// Every segment runs on one thread in a fixed order, so results do not depend on the executor.
 #include "common.h"
 #include "gemm.h"
+#include "segments.h"
 
 namespace attnrnn::cpu {
 
@@ -32,22 +36,22 @@ struct FwdScratch {
         S(d.K * d.V), z(d.K) {}
 };
 
+// The chunks of one segment, starting from the state in w.S, w.z.
 template <class T>
-void forward_item(const LinearAttnParams& p, const Dims& d, int64_t C, int64_t item,
-                  FwdScratch<acc_t<T>>& w) {
+void forward_segment(const LinearAttnParams& p, const Dims& d, int64_t C, const Segment& sg,
+                     FwdScratch<acc_t<T>>& w) {
   using A = acc_t<T>;
-  const int64_t n = item / d.Hkv, g = item % d.Hkv, K = d.K, V = d.V;
-  const Seq seq = sequence(p, n);
+  const int64_t g = sg.item % d.Hkv, K = d.K, V = d.V;
+  const Seq seq = sequence(p, sg.item / d.Hkv);
   const A scale = static_cast<A>(p.scale), eps = static_cast<A>(p.eps);
-  load_state(p.initial_S, item, K * V, w.S.data());
-  if (p.normalize) load_state(p.initial_z, item, K, w.z.data());
+  const int64_t end = std::min(seq.len, sg.chunk_end * C);
 
-  for (int64_t c0 = 0; c0 < seq.len; c0 += C) {
-    const int64_t L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
+  for (int64_t c0 = sg.chunk_begin * C; c0 < end; c0 += C) {
+    const int64_t L = std::min(C, end - c0), t0 = seq.t0 + c0;
 
     // Load: k' = phi(k) and v of the chunk, k' transposed for the score product; the next
     // chunk's rows are prefetched (`ahead` of them exist).
-    const int64_t ahead = std::min(L, seq.len - c0 - C);
+    const int64_t ahead = std::min(L, end - c0 - C);
     for (int64_t i = 0; i < L; ++i) {
       if (i < ahead) {
         prefetch_row(at<T>(p.k, seq.b, t0 + C + i, g), K);
@@ -89,9 +93,6 @@ void forward_item(const LinearAttnParams& p, const Dims& d, int64_t C, int64_t i
       for (int64_t i = 0; i < L; ++i)
         for (int64_t k = 0; k < K; ++k) w.z[k] += w.kp[i * K + k];
   }
-
-  store_state(w.S.data(), item, K * V, p.final_S);
-  if (p.normalize) store_state(w.z.data(), item, K, p.final_z);
 }
 
 }  // namespace
@@ -99,11 +100,26 @@ void forward_item(const LinearAttnParams& p, const Dims& d, int64_t C, int64_t i
 Status chunk_fwd(const LinearAttnParams& p) {
   return dispatch_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
+    using A = acc_t<T>;
     const Dims d = dims_of(p);
-    const int64_t C = chunk_of(p);
-    parallel_for(p.executor, d.N * d.Hkv, 1, [&](int64_t begin, int64_t end) {
-      FwdScratch<acc_t<T>> w(d, C);
-      for (int64_t item = begin; item < end; ++item) forward_item<T>(p, d, C, item, w);
+    const int64_t C = chunk_of(p), K = d.K, KV = d.K * d.V;
+    const std::vector<Segment> plan = plan_segments(p, d, C);
+
+    // Phases 1 and 2: the state at the start of every segment.
+    const std::vector<A> start = segment_starts<T>(p, d, C, plan);
+
+    // Phase 3: every segment from its start state; the last one of an item writes the final state.
+    parallel_for(p.executor, static_cast<int64_t>(plan.size()), 1, [&](int64_t begin, int64_t end) {
+      FwdScratch<A> w(d, C);
+      for (int64_t u = begin; u < end; ++u) {
+        const Segment& sg = plan[u];
+        load_segment_start(p, d, plan, start, u, w.S.data(), w.z.data());
+        forward_segment<T>(p, d, C, sg, w);
+        if (sg.last) {
+          store_state(w.S.data(), sg.item, KV, p.final_S);
+          if (p.normalize) store_state(w.z.data(), sg.item, K, p.final_z);
+        }
+      }
     });
     return Status::kSuccess;
   });

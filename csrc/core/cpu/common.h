@@ -134,7 +134,8 @@ inline void store_state(const A* src, int64_t item, int64_t count, void* dst) {
   if (dst != nullptr) std::memcpy(static_cast<A*>(dst) + item * count, src, count * sizeof(A));
 }
 
-// The chunk size in use: the caller's, or 32 (fastest measured for K = V = 64 on AVX-512); never longer than the longest sequence needs.
+// The chunk size in use: the caller's, or 32 (fastest measured for K = V = 64 with AVX-512);
+// never longer than the longest sequence needs.
 inline int64_t chunk_of(const LinearAttnParams& p) {
   const int64_t c = p.chunk_size > 0 ? p.chunk_size : 32;
   return std::max<int64_t>(1, std::min(c, p.seqlen));
