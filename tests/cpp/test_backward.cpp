@@ -64,13 +64,15 @@ int main() {
   for (FeatureMap fm : {FeatureMap::kIdentity, FeatureMap::kElu1, FeatureMap::kRelu})
     for (bool normalize : {false, true}) check_reference_gradients(fm, normalize);
 
-  // 2. Chunk and recurrent backward match the reference over the shape sweep.
+  // 2. Chunk and recurrent backward match the reference (and each other) over the shape sweep.
   for (const Case& c : sweep_cases()) {
     const Problem pb(c);
     const Results ref = pb.reference(true);
     const double tol = c.dt == DType::kFloat32 ? 2e-5 : tolerance(c.dt);
-    compare(pb.run(true, true), ref, tol, "chunk bwd " + c.str());
-    compare(pb.run(false, true), ref, tol, "recurrent bwd " + c.str());
+    const Results chunk = pb.run(true, true), rec = pb.run(false, true);
+    compare(chunk, ref, tol, "chunk bwd " + c.str());
+    compare(rec, ref, tol, "recurrent bwd " + c.str());
+    compare(chunk, rec, 2 * tol, "chunk vs recurrent bwd " + c.str());
   }
 
   // 3. Empty problems: d_initial = d_final (zeros without one); outputs exist and are untouched.
