@@ -224,7 +224,8 @@ Status chunk_bwd(const LinearAttnParams& p) {
     auto work = [&](BwdScratch<A>& w, int64_t u) {
       const Segment& sg = plan[u];
       return Work<T>{p, d, w, sg, sequence(p, sg.item / d.Hkv), sg.item % d.Hkv, C,
-                     static_cast<A>(p.scale), static_cast<A>(p.eps), den.data() + offset[sg.item], dd.data() + offset[sg.item]};
+                     static_cast<A>(p.scale), static_cast<A>(p.eps), den.data() + offset[sg.item],
+                     dd.data() + offset[sg.item]};
     };
 
     // States at segment starts; ends[u] will hold dS̃, dz̃ at the end of segment u (not last).

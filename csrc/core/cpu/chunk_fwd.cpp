@@ -65,7 +65,8 @@ void forward_segment(const LinearAttnParams& p, const Dims& d, int64_t C, const 
     for (int64_t h = g * d.G; h < (g + 1) * d.G; ++h) {
       for (int64_t i = 0; i < L; ++i) {
         if (i < ahead) prefetch_row(at<T>(p.q, seq.b, t0 + C + i, h), K);
-        load_phi(p.feature_map, at<T>(p.q, seq.b, t0 + i, h), K, scale, &w.qp[i * K], static_cast<A*>(nullptr));
+        load_phi(p.feature_map, at<T>(p.q, seq.b, t0 + i, h), K, scale, &w.qp[i * K],
+                 static_cast<A*>(nullptr));
       }
 
       // Intra-chunk: A = Q' K'ᵀ (s <= t), O = A V.

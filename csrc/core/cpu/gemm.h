@@ -1,16 +1,18 @@
-// Small matrix products of the chunked kernels, register-blocked for the compiler's vectorizer.
+// Small matrix products of the chunked kernels, register-blocked with GCC/Clang vector types.
 //
 //   gemm:  C[m x n] (=, +=) Σ_p a(i, p) B[p, j],  a(i, p) = A[i * ars + p * acs],  B row-major.
 //
 // The A operand has arbitrary strides (so Xᵀ Y is a gemm with ars = 1), B and C are row-major with
-// unit column stride. The micro-kernel keeps an MR x NR block of C in vector registers while it streams
-// the p loop: each step broadcasts MR values of A and does MR x NR fused multiply-adds against one
-// NR-wide row of B. Column blocks run outermost so the kd x NR panel of B stays in cache.
+// unit column stride. The micro-kernel keeps an MR x NR block of C in vector registers while it
+// streams the p loop: each step broadcasts MR values of A and does MR x NR fused multiply-adds
+// against one NR-wide row of B. Column blocks run outermost so the kd x NR panel of B stays in
+// cache. Also: dot and sum with vector accumulators, and the causal (triangular) products.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace attnrnn::cpu {
 
@@ -88,52 +90,50 @@ inline void micro_kernel(int64_t kd, const A* __restrict a, int64_t ars, int64_t
     for (int j = 0; j < NV; ++j) store_vec(c + r * ldc + j * W, t[r][j]);
 }
 
-// MR x nc block with nc < NR (right edge).
-template <class A, int MR, int NR>
-inline void micro_kernel_edge(int64_t kd, const A* __restrict a, int64_t ars, int64_t acs,
-                              const A* __restrict b, int64_t ldb, A* __restrict c, int64_t ldc,
-                              int64_t nc, bool accumulate) {
-  A t[MR][NR];
-  for (int r = 0; r < MR; ++r)
-    for (int64_t j = 0; j < nc; ++j) t[r][j] = accumulate ? c[r * ldc + j] : A(0);
-  for (int64_t p = 0; p < kd; ++p) {
-    const A* __restrict bp = b + p * ldb;
-    for (int r = 0; r < MR; ++r) {
-      const A ar = a[r * ars + p * acs];
-      for (int64_t j = 0; j < nc; ++j) t[r][j] += ar * bp[j];
-    }
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int64_t j = 0; j < nc; ++j) c[r * ldc + j] = t[r][j];
+// Right-edge column block (nc < NR): B is packed into a zero-padded kd x NR panel and each block of
+// C is staged in an MR x NR tile, so the full-width micro-kernel runs there too.
+template <class A, int MR>
+inline void edge_block(int64_t kd, const A* a, int64_t ars, int64_t acs, const A* panel, A* c,
+                       int64_t ldc, int64_t nc, bool accumulate) {
+  constexpr int NR = Tile<A>::NR;
+  alignas(64) A tile[MR * NR] = {};
+  if (accumulate)
+    for (int r = 0; r < MR; ++r) std::copy(c + r * ldc, c + r * ldc + nc, tile + r * NR);
+  micro_kernel<A, MR>(kd, a, ars, acs, panel, NR, tile, NR, accumulate);
+  for (int r = 0; r < MR; ++r) std::copy(tile + r * NR, tile + r * NR + nc, c + r * ldc);
 }
 
 template <class A>
 void gemm(int64_t m, int64_t n, int64_t kd, const A* a, int64_t ars, int64_t acs, const A* b,
           int64_t ldb, A* c, int64_t ldc, bool accumulate) {
   constexpr int MR = Tile<A>::MR, NR = Tile<A>::NR;
+  thread_local std::vector<A> panel;  // kd x NR, the zero-padded right edge of B
   for (int64_t j0 = 0; j0 < n; j0 += NR) {
     const int64_t nc = std::min<int64_t>(NR, n - j0);
-    const A* bj = b + j0;
     A* cj = c + j0;
-    int64_t i = 0;
-    for (; i + MR <= m; i += MR) {
-      if (nc == NR)
+    if (nc == NR) {
+      const A* bj = b + j0;
+      int64_t i = 0;
+      for (; i + MR <= m; i += MR)
         micro_kernel<A, MR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, accumulate);
-      else
-        micro_kernel_edge<A, MR, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, nc, accumulate);
-    }
-    if (MR > 4 && i + 4 <= m) {
-      if (nc == NR)
+      if (i + 4 <= m) {
         micro_kernel<A, 4>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, accumulate);
-      else
-        micro_kernel_edge<A, 4, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, nc, accumulate);
-      i += 4;
-    }
-    for (; i < m; ++i) {
-      if (nc == NR)
+        i += 4;
+      }
+      for (; i < m; ++i)
         micro_kernel<A, 1>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, accumulate);
-      else
-        micro_kernel_edge<A, 1, NR>(kd, a + i * ars, ars, acs, bj, ldb, cj + i * ldc, ldc, nc, accumulate);
+    } else {
+      panel.assign(kd * NR, A(0));
+      for (int64_t p = 0; p < kd; ++p) std::copy(b + p * ldb + j0, b + p * ldb + j0 + nc, &panel[p * NR]);
+      int64_t i = 0;
+      for (; i + MR <= m; i += MR)
+        edge_block<A, MR>(kd, a + i * ars, ars, acs, panel.data(), cj + i * ldc, ldc, nc, accumulate);
+      if (i + 4 <= m) {
+        edge_block<A, 4>(kd, a + i * ars, ars, acs, panel.data(), cj + i * ldc, ldc, nc, accumulate);
+        i += 4;
+      }
+      for (; i < m; ++i)
+        edge_block<A, 1>(kd, a + i * ars, ars, acs, panel.data(), cj + i * ldc, ldc, nc, accumulate);
     }
   }
 }

@@ -56,7 +56,9 @@ void step_item(const LinearAttnStepParams& p, int64_t item, StepScratch<acc_t<T>
   using A = acc_t<T>;
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / Hkv, K = p.head_dim_k, V = p.head_dim_v;
   const int64_t b = item / Hkv, g = item % Hkv, r = row_of(p, b);
-  auto q_at = [&](int64_t h) { return static_cast<const T*>(p.q.data) + b * p.q.stride_b + h * p.q.stride_h; };
+  auto q_at = [&](int64_t h) {
+    return static_cast<const T*>(p.q.data) + b * p.q.stride_b + h * p.q.stride_h;
+  };
   auto o_at = [&](int64_t h) { return static_cast<T*>(p.o.data) + b * p.o.stride_b + h * p.o.stride_h; };
 
   if (r < 0) {  // padding entry: no state, zero output
