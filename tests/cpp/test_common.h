@@ -100,8 +100,12 @@ struct Tensor {
     for (int64_t i = 0; i < n; ++i) write_elem(dt, bytes.data(), i, std::numeric_limits<double>::quiet_NaN());
   }
   int64_t off(int64_t b, int64_t t, int64_t h, int64_t d) const { return b * sb + t * st + h * sh + d; }
-  double get(int64_t b, int64_t t, int64_t h, int64_t d) const { return read_elem(dt, bytes.data(), off(b, t, h, d)); }
-  void set(int64_t b, int64_t t, int64_t h, int64_t d, double x) { write_elem(dt, bytes.data(), off(b, t, h, d), x); }
+  double get(int64_t b, int64_t t, int64_t h, int64_t d) const {
+    return read_elem(dt, bytes.data(), off(b, t, h, d));
+  }
+  void set(int64_t b, int64_t t, int64_t h, int64_t d, double x) {
+    write_elem(dt, bytes.data(), off(b, t, h, d), x);
+  }
   attnrnn::ConstView cview() const { return {bytes.data(), sb, st, sh}; }
   attnrnn::MutView mview() { return {bytes.data(), sb, st, sh}; }
   // Logical contents, contiguous [B, T, H, D] in float64.
@@ -121,7 +125,8 @@ struct StateBuf {
   std::vector<unsigned char> bytes;
   int64_t n = 0;
   StateBuf() = default;
-  StateBuf(DType input, int64_t n_) : dt(attnrnn::state_dtype(input)), bytes(std::max<int64_t>(1, n_) * elem_size(attnrnn::state_dtype(input))), n(n_) {
+  StateBuf(DType input, int64_t n_)
+      : dt(attnrnn::state_dtype(input)), bytes(std::max<int64_t>(1, n_) * elem_size(dt)), n(n_) {
     for (int64_t i = 0; i < n; ++i) write_elem(dt, bytes.data(), i, std::numeric_limits<double>::quiet_NaN());
   }
   void* ptr() { return bytes.data(); }
@@ -166,8 +171,16 @@ struct Geom {
       b = 0, t0 = cu[n], len = cu[n + 1] - cu[n];
     }
   }
-  int64_t qi(int64_t b, int64_t t, int64_t h, int64_t d, int64_t D, int64_t HH) const { return ((b * T + t) * HH + h) * D + d; }
+  // Index of element d of head h (of HH heads of width D) at token t of batch entry b.
+  int64_t qi(int64_t b, int64_t t, int64_t h, int64_t d, int64_t D, int64_t HH) const {
+    return ((b * T + t) * HH + h) * D + d;
+  }
 };
+
+// dst = block `index` (of `count` elements) of src; dst is left as it is when src is empty.
+inline void copy_block(const vec& src, int64_t index, int64_t count, vec& dst) {
+  if (!src.empty()) std::copy(src.begin() + index * count, src.begin() + (index + 1) * count, dst.begin());
+}
 
 // Float64 reference forward: o [B,T,H,V] and the final state. S0, z0 may be empty (zeros).
 inline void ref_forward(const Geom& g, const vec& q, const vec& k, const vec& v, const vec& S0, const vec& z0,
@@ -181,8 +194,8 @@ inline void ref_forward(const Geom& g, const vec& q, const vec& k, const vec& v,
       int64_t b, t0, len;
       g.seq(n, b, t0, len);
       vec S(K * V, 0.0), z(K, 0.0);
-      if (!S0.empty()) std::copy(S0.begin() + (n * g.Hkv + kh) * K * V, S0.begin() + (n * g.Hkv + kh + 1) * K * V, S.begin());
-      if (!z0.empty()) std::copy(z0.begin() + (n * g.Hkv + kh) * K, z0.begin() + (n * g.Hkv + kh + 1) * K, z.begin());
+      copy_block(S0, n * g.Hkv + kh, K * V, S);
+      copy_block(z0, n * g.Hkv + kh, K, z);
       for (int64_t t = t0; t < t0 + len; ++t) {
         for (int64_t a = 0; a < K; ++a) {
           const double kp = phi(g.fm, k[g.qi(b, t, kh, a, K, g.Hkv)]);
@@ -195,7 +208,8 @@ inline void ref_forward(const Geom& g, const vec& q, const vec& k, const vec& v,
           den = g.normalize ? den + g.eps : 1.0;
           for (int64_t c = 0; c < V; ++c) {
             double num = 0;
-            for (int64_t a = 0; a < K; ++a) num += g.scale * phi(g.fm, q[g.qi(b, t, h, a, K, g.H)]) * S[a * V + c];
+            for (int64_t a = 0; a < K; ++a)
+              num += g.scale * phi(g.fm, q[g.qi(b, t, h, a, K, g.H)]) * S[a * V + c];
             o[g.qi(b, t, h, c, V, g.H)] = num / den;
           }
         }
@@ -206,7 +220,8 @@ inline void ref_forward(const Geom& g, const vec& q, const vec& k, const vec& v,
 }
 
 // Float64 reference backward by the analytic formulas (validated against finite differences).
-inline void ref_backward(const Geom& g, const vec& q, const vec& k, const vec& v, const vec& S0, const vec& z0,
+inline void ref_backward(const Geom& g, const vec& q, const vec& k, const vec& v, const vec& S0,
+                         const vec& z0,
                          const vec& dout, const vec& dSf, const vec& dzf, vec& dq, vec& dk, vec& dv, vec& dS0,
                          vec& dz0) {
   const int64_t K = g.K, V = g.V, G = g.H / g.Hkv;
@@ -222,8 +237,8 @@ inline void ref_backward(const Geom& g, const vec& q, const vec& k, const vec& v
       // Forward, keeping S_t and z_t of every token.
       std::vector<vec> Ss(len), zs(len);
       vec S(K * V, 0.0), z(K, 0.0);
-      if (!S0.empty()) std::copy(S0.begin() + (n * g.Hkv + kh) * K * V, S0.begin() + (n * g.Hkv + kh + 1) * K * V, S.begin());
-      if (!z0.empty()) std::copy(z0.begin() + (n * g.Hkv + kh) * K, z0.begin() + (n * g.Hkv + kh + 1) * K, z.begin());
+      copy_block(S0, n * g.Hkv + kh, K * V, S);
+      copy_block(z0, n * g.Hkv + kh, K, z);
       for (int64_t i = 0; i < len; ++i) {
         const int64_t t = t0 + i;
         for (int64_t a = 0; a < K; ++a) {
@@ -235,8 +250,8 @@ inline void ref_backward(const Geom& g, const vec& q, const vec& k, const vec& v
         zs[i] = z;
       }
       vec dS(K * V, 0.0), dz(K, 0.0);
-      if (!dSf.empty()) std::copy(dSf.begin() + (n * g.Hkv + kh) * K * V, dSf.begin() + (n * g.Hkv + kh + 1) * K * V, dS.begin());
-      if (!dzf.empty()) std::copy(dzf.begin() + (n * g.Hkv + kh) * K, dzf.begin() + (n * g.Hkv + kh + 1) * K, dz.begin());
+      copy_block(dSf, n * g.Hkv + kh, K * V, dS);
+      copy_block(dzf, n * g.Hkv + kh, K, dz);
       for (int64_t i = len - 1; i >= 0; --i) {
         const int64_t t = t0 + i;
         for (int64_t h = kh * G; h < (kh + 1) * G; ++h) {
@@ -305,7 +320,9 @@ inline double tolerance(DType d) {
 }
 
 // Serial executor: one call over [0, n). Another one runs the items one by one in reverse order.
-inline void serial_for(void*, int64_t n, int64_t, attnrnn::CpuExecutor::Body body, void* ctx) { body(ctx, 0, n); }
+inline void serial_for(void*, int64_t n, int64_t, attnrnn::CpuExecutor::Body body, void* ctx) {
+  body(ctx, 0, n);
+}
 inline void reverse_for(void*, int64_t n, int64_t, attnrnn::CpuExecutor::Body body, void* ctx) {
   for (int64_t i = n - 1; i >= 0; --i) body(ctx, i, i + 1);
 }
