@@ -57,30 +57,22 @@ struct Work {
   A* den;  // seq.len x G: den and dd per token and query head (normalize only), kept for pass 2
   A* dd;
 
-  // k' (and phi'(k)), v and their transposes for the L tokens from t0; prefetches the rows of
-  // the next chunk to be processed: `ahead` rows from t0 + step.
-  void load_kv(int64_t t0, int64_t L, bool with_dphi, int64_t step, int64_t ahead) {
+  // k' (and phi'(k)), v and their transposes (k'ᵀ only when the scores are needed) for the L
+  // tokens from t0.
+  void load_kv(int64_t t0, int64_t L, bool with_dphi, bool with_kt) {
     const int64_t K = d.K, V = d.V;
     for (int64_t i = 0; i < L; ++i) {
-      if (i < ahead) {
-        prefetch_row(at<T>(p.k, seq.b, t0 + step + i, g), K);
-        prefetch_row(at<T>(p.v, seq.b, t0 + step + i, g), V);
-      }
       load_phi(p.feature_map, at<T>(p.k, seq.b, t0 + i, g), K, A(1), &w.kp[i * K],
                with_dphi ? &w.dphi_k[i * K] : nullptr);
       load_row(at<T>(p.v, seq.b, t0 + i, g), V, &w.v[i * V]);
     }
-    transpose(w.kp.data(), L, K, w.kt.data());
+    if (with_kt) transpose(w.kp.data(), L, K, w.kt.data());
     transpose(w.v.data(), L, V, w.vt.data());
   }
 
   // q' (and scale * phi'(q)) and dout of head h.
-  void load_q_do(int64_t t0, int64_t L, int64_t h, bool with_dphi, int64_t step, int64_t ahead) {
+  void load_q_do(int64_t t0, int64_t L, int64_t h, bool with_dphi) {
     for (int64_t i = 0; i < L; ++i) {
-      if (i < ahead) {
-        prefetch_row(at<T>(p.q, seq.b, t0 + step + i, h), d.K);
-        prefetch_row(at<T>(p.dout, seq.b, t0 + step + i, h), d.V);
-      }
       load_phi(p.feature_map, at<T>(p.q, seq.b, t0 + i, h), d.K, scale, &w.qp[i * d.K],
                with_dphi ? &w.dphi_q[i * d.K] : nullptr);
       load_row(at<T>(p.dout, seq.b, t0 + i, h), d.V, &w.dn[i * d.V]);
@@ -103,12 +95,11 @@ struct Work {
     const int64_t K = d.K, V = d.V, G = d.G, end = std::min(seq.len, sg.chunk_end * C);
     for (int64_t c0 = sg.chunk_begin * C; c0 < end; c0 += C) {
       const int64_t L = std::min(C, end - c0), t0 = seq.t0 + c0;
-      const int64_t ahead = std::min(C, end - c0 - C);  // rows of the next chunk
-      load_kv(t0, L, false, C, ahead);
+      load_kv(t0, L, false, p.normalize);
       transpose(w.S.data(), K, V, w.St.data());
       for (int64_t hh = 0; hh < G; ++hh) {
         const int64_t h = g * G + hh;
-        load_q_do(t0, L, h, true, C, ahead);
+        load_q_do(t0, L, h, true);
 
         // Numerators and denominators: n = A V + Q' S, den = Q' z + rowsum(A) + eps.
         if (p.normalize) {
@@ -160,8 +151,7 @@ struct Work {
     const int64_t last = std::min((seq.len + C - 1) / C, sg.chunk_end) - 1;
     for (int64_t c = last; c >= sg.chunk_begin; --c) {
       const int64_t c0 = c * C, L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
-      const int64_t ahead = c > sg.chunk_begin ? C : 0;  // rows of the previous chunk, processed next
-      load_kv(t0, L, true, -C, ahead);
+      load_kv(t0, L, true, true);
 
       // Inter-chunk: dk' = V dS̃ᵀ + dz̃, dv = K' dS̃ (dS̃, dz̃ from the chunks after this one).
       transpose(w.dS.data(), K, V, w.St.data());
@@ -173,7 +163,7 @@ struct Work {
 
       for (int64_t hh = 0; hh < G; ++hh) {
         const int64_t h = g * G + hh;
-        load_q_do(t0, L, h, false, -C, ahead);
+        load_q_do(t0, L, h, false);
         if (p.normalize)
           for (int64_t i = 0; i < L; ++i) {
             const A inv = A(1) / den[(c0 + i) * G + hh];

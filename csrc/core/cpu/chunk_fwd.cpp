@@ -49,14 +49,8 @@ void forward_segment(const LinearAttnParams& p, const Dims& d, int64_t C, const 
   for (int64_t c0 = sg.chunk_begin * C; c0 < end; c0 += C) {
     const int64_t L = std::min(C, end - c0), t0 = seq.t0 + c0;
 
-    // Load: k' = phi(k) and v of the chunk, k' transposed for the score product; the next
-    // chunk's rows are prefetched (`ahead` of them exist).
-    const int64_t ahead = std::min(L, end - c0 - C);
+    // Load: k' = phi(k) and v of the chunk, k' transposed for the score product.
     for (int64_t i = 0; i < L; ++i) {
-      if (i < ahead) {
-        prefetch_row(at<T>(p.k, seq.b, t0 + C + i, g), K);
-        prefetch_row(at<T>(p.v, seq.b, t0 + C + i, g), V);
-      }
       load_phi(p.feature_map, at<T>(p.k, seq.b, t0 + i, g), K, A(1), &w.kp[i * K], static_cast<A*>(nullptr));
       load_row(at<T>(p.v, seq.b, t0 + i, g), V, &w.v[i * V]);
     }
@@ -64,7 +58,6 @@ void forward_segment(const LinearAttnParams& p, const Dims& d, int64_t C, const 
 
     for (int64_t h = g * d.G; h < (g + 1) * d.G; ++h) {
       for (int64_t i = 0; i < L; ++i) {
-        if (i < ahead) prefetch_row(at<T>(p.q, seq.b, t0 + C + i, h), K);
         load_phi(p.feature_map, at<T>(p.q, seq.b, t0 + i, h), K, scale, &w.qp[i * K],
                  static_cast<A*>(nullptr));
       }

@@ -66,14 +66,6 @@ inline T* at(const MutView& v, int64_t b, int64_t t, int64_t h) {
   return static_cast<T*>(v.data) + b * v.stride_b + t * v.stride_t + h * v.stride_h;
 }
 
-// Asks for the n elements at row to be brought into the cache (the rows of the next chunk are
-// prefetched while the current one is loaded, so the kernels do not wait on memory).
-template <class T>
-inline void prefetch_row(const T* row, int64_t n) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off);
-}
-
 // dst[i] = scale * phi(src[i]); when dphi is non-null also dphi[i] = scale * phi'(src[i]).
 template <class T, class A>
 inline void load_phi(FeatureMap fm, const T* __restrict src, int64_t n, A scale, A* __restrict dst,
