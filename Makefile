@@ -29,7 +29,7 @@ demo: install
 test: test-python test-cpp test-consumer
 
 test-python: install
-	$(PY) -m pytest -q -p no:cacheprovider tests/python
+	TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/build/inductor-cache $(PY) -m pytest -q -p no:cacheprovider tests/python
 
 # The torch-free library and its C++ tests, built without libtorch.
 test-cpp: $(STAMP)

@@ -28,14 +28,18 @@ class CMakeExtension(Extension):
 
 
 class CMakeBuild(build_ext):
+    def run(self):
+        # setuptools clears `inplace` while building and copies the module afterwards.
+        self._in_source = bool(self.inplace) or getattr(self, "editable_mode", False)
+        super().run()
+
     def build_extension(self, ext):
         import torch  # the build needs the torch it will run with
 
         ext_path = Path(self.get_ext_fullpath(ext.name)).resolve()
         # An editable install keeps the libraries, headers and CMake package in the source package
         # (setuptools copies back only the module itself).
-        editable = getattr(self, "editable_mode", False) or self.inplace
-        package_dir = ROOT / "python" / "attnrnn" if editable else ext_path.parent
+        package_dir = ROOT / "python" / "attnrnn" if self._in_source else ext_path.parent
         # A fixed build tree keeps rebuilds incremental across (editable) installs.
         build_dir = ROOT / "build" / f"cmake-py{sys.version_info.major}{sys.version_info.minor}"
         build_dir.mkdir(parents=True, exist_ok=True)

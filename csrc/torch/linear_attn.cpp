@@ -256,7 +256,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
-    const at::Tensor& dout, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
+    const at::Tensor& dout, const OptTensor& o, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize,
     int64_t chunk_size, Launch launch, const char* op) {
@@ -270,6 +270,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
                     q.scalar_type(), "), got ", dout.scalar_type());
   check_exact_shape(dout, {p.batch, p.seqlen, p.num_heads, V}, op, "grad of o");
   check_unit_last_stride(dout, op, "grad of o");
+  if (o.has_value()) {
+    check_same_device(*o, q, op, "o");
+    TORCH_CHECK_VALUE(o->scalar_type() == q.scalar_type(), op, ": o must have the dtype of q (", q.scalar_type(),
+                      "), got ", o->scalar_type());
+    check_exact_shape(*o, {p.batch, p.seqlen, p.num_heads, V}, op, "o");
+    check_unit_last_stride(*o, op, "o");
+  } else {
+    TORCH_CHECK_VALUE(!(normalize && q.is_cuda()), op, ": o (the forward output) is required with normalize=True");
+  }
   at::Tensor dS_final, dz_final;
   if (d_final_S.has_value()) dS_final = checked_state(*d_final_S, q, {N, Hkv, K, V}, op, "grad of final_state.S");
   if (d_final_z.has_value()) {
@@ -285,6 +294,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   at::Tensor dS0 = a.initial_S.defined() ? at::empty({N, Hkv, K, V}, state_opts) : at::empty({0}, state_opts);
   at::Tensor dz0 = a.initial_z.defined() ? at::empty({N, Hkv, K}, state_opts) : at::empty({0}, state_opts);
   p.dout = const_view(dout);
+  if (o.has_value()) p.out = const_view(*o);
+  at::Tensor workspace;
+  if (const int64_t bytes = linear_attn_workspace_bytes(p); bytes > 0) {
+    workspace = at::empty({bytes}, q.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
   p.dq = mut_view(dq);
   p.dk = mut_view(dk);
   p.dv = mut_view(dv);
@@ -315,19 +330,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd(
-    const at::Tensor& dout, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
+    const at::Tensor& dout, const OptTensor& o, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize,
     int64_t chunk_size) {
-  return backward(dout, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
+  return backward(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
                   feature_map, normalize, chunk_size, chunk_linear_attn_bwd, "chunk_linear_attn backward");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrent_bwd(
-    const at::Tensor& dout, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
+    const at::Tensor& dout, const OptTensor& o, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize) {
-  return backward(dout, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
+  return backward(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
                   feature_map, normalize, 0, recurrent_linear_attn_bwd, "recurrent_linear_attn backward");
 }
 

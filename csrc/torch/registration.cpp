@@ -10,7 +10,7 @@ TORCH_LIBRARY(attnrnn, m) {
       "float scale, float eps, str feature_map, bool normalize, bool output_final_state, int chunk_size) "
       "-> (Tensor, Tensor, Tensor)");
   m.def(
-      "chunk_bwd(Tensor dout, Tensor? d_final_S, Tensor? d_final_z, Tensor q, Tensor k, Tensor v, "
+      "chunk_bwd(Tensor dout, Tensor? o, Tensor? d_final_S, Tensor? d_final_z, Tensor q, Tensor k, Tensor v, "
       "Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, float scale, float eps, str feature_map, "
       "bool normalize, int chunk_size) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
@@ -18,7 +18,7 @@ TORCH_LIBRARY(attnrnn, m) {
       "float scale, float eps, str feature_map, bool normalize, bool output_final_state) "
       "-> (Tensor, Tensor, Tensor)");
   m.def(
-      "recurrent_bwd(Tensor dout, Tensor? d_final_S, Tensor? d_final_z, Tensor q, Tensor k, Tensor v, "
+      "recurrent_bwd(Tensor dout, Tensor? o, Tensor? d_final_S, Tensor? d_final_z, Tensor q, Tensor k, Tensor v, "
       "Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, float scale, float eps, str feature_map, "
       "bool normalize) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(

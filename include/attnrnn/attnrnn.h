@@ -94,6 +94,7 @@ struct LinearAttnParams {
 
   // Backward.
   ConstView dout;
+  ConstView out;  // the forward output o; read by the CUDA backward when normalize (may be null on CPU)
   MutView dq, dk, dv;
   const void* d_final_S = nullptr;  // optional gradient flowing into the final state
   const void* d_final_z = nullptr;
@@ -105,6 +106,9 @@ struct LinearAttnParams {
   FeatureMap feature_map = FeatureMap::kIdentity;
   bool normalize = false;
   int64_t chunk_size = 0;  // 0 = the kernel's own choice; chunk ops only
+
+  // Device scratch of linear_attn_workspace_bytes(params) bytes (backward on CUDA); 256-byte aligned.
+  void* workspace = nullptr;
 
   CpuExecutor executor;
 };
@@ -143,6 +147,9 @@ Status chunk_linear_attn_bwd(const LinearAttnParams& params);
 Status recurrent_linear_attn_fwd(const LinearAttnParams& params);
 Status recurrent_linear_attn_bwd(const LinearAttnParams& params);
 Status linear_attn_step(const LinearAttnStepParams& params);
+
+// Bytes of device scratch the backward of this call needs in params.workspace (0 on CPU).
+int64_t linear_attn_workspace_bytes(const LinearAttnParams& params);
 
 // True when the library was built with its CUDA kernels.
 bool built_with_cuda();

@@ -23,9 +23,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_fwd(
     const std::optional<at::Tensor>& cu_seqlens, double scale, double eps,
     std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size);
 
+// o is the forward output (needed with normalize: the CUDA backward reads it instead of recomputing).
 // -> (dq, dk, dv, d_initial_S, d_initial_z)
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd(
-    const at::Tensor& dout, const std::optional<at::Tensor>& d_final_S,
+    const at::Tensor& dout, const std::optional<at::Tensor>& o, const std::optional<at::Tensor>& d_final_S,
     const std::optional<at::Tensor>& d_final_z, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const std::optional<at::Tensor>& initial_S,
     const std::optional<at::Tensor>& initial_z, const std::optional<at::Tensor>& cu_seqlens,
@@ -39,7 +40,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(
     std::string_view feature_map, bool normalize, bool output_final_state);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrent_bwd(
-    const at::Tensor& dout, const std::optional<at::Tensor>& d_final_S,
+    const at::Tensor& dout, const std::optional<at::Tensor>& o, const std::optional<at::Tensor>& d_final_S,
     const std::optional<at::Tensor>& d_final_z, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const std::optional<at::Tensor>& initial_S,
     const std::optional<at::Tensor>& initial_z, const std::optional<at::Tensor>& cu_seqlens,

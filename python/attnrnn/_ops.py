@@ -1,6 +1,7 @@
 """Fake kernels and autograd of the torch.ops.attnrnn operators (defined in csrc/torch).
 
-Forward ops save only their inputs; the backward kernels recompute the states they need.
+Forward ops save their inputs (and the output with normalize); the backward kernels recompute
+the states they need.
 """
 import torch
 
@@ -47,13 +48,13 @@ def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normal
 
 
 @torch.library.register_fake("attnrnn::chunk_bwd")
-def _(dout, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
+def _(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
       normalize, chunk_size):
     return _fake_backward(q, k, v, initial_S, initial_z)
 
 
 @torch.library.register_fake("attnrnn::recurrent_bwd")
-def _(dout, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
+def _(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
       normalize):
     return _fake_backward(q, k, v, initial_S, initial_z)
 
@@ -65,7 +66,8 @@ def _(q, k, v, S, z, state_indices, scale, eps, feature_map, normalize):
 
 def _setup_context(ctx, inputs, output):
     q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize = inputs[:10]
-    ctx.save_for_backward(q, k, v, initial_S, initial_z, cu_seqlens)
+    # The output is kept only with normalize: the CUDA backward needs do . o for the denominator.
+    ctx.save_for_backward(q, k, v, initial_S, initial_z, cu_seqlens, output[0] if normalize else None)
     ctx.options = (scale, eps, feature_map, normalize)
     ctx.chunk_size = inputs[11] if len(inputs) > 11 else None
 
@@ -76,10 +78,10 @@ def _state_grad(g):
 
 
 def _backward(ctx, dout, d_final_S, d_final_z):
-    q, k, v, initial_S, initial_z, cu_seqlens = ctx.saved_tensors
+    q, k, v, initial_S, initial_z, cu_seqlens, o = ctx.saved_tensors
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    args = (dout, _state_grad(d_final_S), _state_grad(d_final_z), q, k, v, initial_S, initial_z, cu_seqlens,
+    args = (dout, o, _state_grad(d_final_S), _state_grad(d_final_z), q, k, v, initial_S, initial_z, cu_seqlens,
             *ctx.options)
     if ctx.chunk_size is None:
         dq, dk, dv, dS0, dz0 = ops.recurrent_bwd(*args)

@@ -1,0 +1,141 @@
+// Pieces shared by the CUDA kernels: scalar loads/stores in the accumulator type, the feature
+// map, sequence geometry, and launch checks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attnrnn/attnrnn.h"
+#include "kernels.h"
+
+namespace attnrnn::cuda {
+
+// ---- scalars ------------------------------------------------------------------------------------
+template <class A>
+__device__ __forceinline__ A to_acc(float x) { return static_cast<A>(x); }
+template <class A>
+__device__ __forceinline__ A to_acc(double x) { return static_cast<A>(x); }
+template <class A>
+__device__ __forceinline__ A to_acc(__half x) { return static_cast<A>(__half2float(x)); }
+template <class A>
+__device__ __forceinline__ A to_acc(__nv_bfloat16 x) { return static_cast<A>(__bfloat162float(x)); }
+
+template <class T, class A>
+__device__ __forceinline__ T from_acc(A x);
+template <>
+__device__ __forceinline__ float from_acc<float, float>(float x) { return x; }
+template <>
+__device__ __forceinline__ double from_acc<double, double>(double x) { return x; }
+template <>
+__device__ __forceinline__ __half from_acc<__half, float>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16, float>(float x) { return __float2bfloat16_rn(x); }
+
+template <class A>
+__device__ __forceinline__ A fast_exp(A x);
+template <>
+__device__ __forceinline__ float fast_exp<float>(float x) { return expf(x); }
+template <>
+__device__ __forceinline__ double fast_exp<double>(double x) { return exp(x); }
+
+// phi(x) and phi'(x) of the fused feature maps.
+template <class A>
+__device__ __forceinline__ A phi(FeatureMap fm, A x) {
+  switch (fm) {
+    case FeatureMap::kElu1: return x > A(0) ? x + A(1) : fast_exp(x);
+    case FeatureMap::kRelu: return x > A(0) ? x : A(0);
+    default: return x;
+  }
+}
+template <class A>
+__device__ __forceinline__ A dphi(FeatureMap fm, A x) {
+  switch (fm) {
+    case FeatureMap::kElu1: return x > A(0) ? A(1) : fast_exp(x);
+    case FeatureMap::kRelu: return x > A(0) ? A(1) : A(0);
+    default: return A(1);
+  }
+}
+
+// ---- geometry -----------------------------------------------------------------------------------
+struct Seq {
+  int64_t b, t0, len;
+};
+
+__device__ __forceinline__ Seq sequence(const LinearAttnParams& p, int64_t n) {
+  if (p.cu_seqlens == nullptr) return Seq{n, 0, p.seqlen};
+  int64_t begin, end;
+  if (p.cu_seqlens_int64) {
+    begin = static_cast<const int64_t*>(p.cu_seqlens)[n];
+    end = static_cast<const int64_t*>(p.cu_seqlens)[n + 1];
+  } else {
+    begin = static_cast<const int32_t*>(p.cu_seqlens)[n];
+    end = static_cast<const int32_t*>(p.cu_seqlens)[n + 1];
+  }
+  // Values are not validated on the device (that would need a host sync): clamping keeps a bad
+  // cu_seqlens inside the tensors.
+  begin = begin < 0 ? 0 : (begin > p.seqlen ? p.seqlen : begin);
+  end = end < begin ? begin : (end > p.seqlen ? p.seqlen : end);
+  return Seq{0, begin, end - begin};
+}
+
+template <class T>
+__device__ __forceinline__ const T* row(const ConstView& v, int64_t b, int64_t t, int64_t h) {
+  return static_cast<const T*>(v.data) + b * v.stride_b + t * v.stride_t + h * v.stride_h;
+}
+template <class T>
+__device__ __forceinline__ T* row(const MutView& v, int64_t b, int64_t t, int64_t h) {
+  return static_cast<T*>(v.data) + b * v.stride_b + t * v.stride_t + h * v.stride_h;
+}
+
+inline int64_t num_states(const LinearAttnParams& p) {
+  return p.cu_seqlens != nullptr ? p.num_seqs : p.batch;
+}
+
+template <class T>
+struct AccOf {
+  using type = float;
+};
+template <>
+struct AccOf<double> {
+  using type = double;
+};
+
+// Calls f(T{}) with the CUDA type of the input dtype.
+template <class F>
+Status dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat64: return f(double{});
+    case DType::kFloat32: return f(float{});
+    case DType::kFloat16: return f(__half{});
+    case DType::kBFloat16: return f(__nv_bfloat16{});
+  }
+  return fail(Status::kInvalidArgument, "unknown dtype %d", static_cast<int>(dtype));
+}
+
+inline Status check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return fail(Status::kDeviceError, "%s: %s", what, cudaGetErrorString(err));
+  return Status::kSuccess;
+}
+
+// Largest dynamic shared memory a block may opt into on the current device.
+int max_dynamic_smem();
+
+// Sets the kernel's dynamic shared-memory limit when it exceeds the default 48 KiB.
+template <class Kernel>
+Status allow_smem(Kernel kernel, int64_t bytes, const char* what) {
+  if (bytes > max_dynamic_smem())
+    return fail(Status::kInvalidArgument, "%s needs %lld bytes of shared memory, the device has %d", what,
+                (long long)bytes, max_dynamic_smem());
+  if (bytes > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(bytes));
+    if (err != cudaSuccess) return fail(Status::kDeviceError, "%s: %s", what, cudaGetErrorString(err));
+  }
+  return Status::kSuccess;
+}
+
+}  // namespace attnrnn::cuda

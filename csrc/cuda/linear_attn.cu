@@ -1,0 +1,31 @@
+// CUDA entry points of the linear-attention ops: pick the input type, then the launcher of
+// launch.cuh (whose instantiations live in instantiations/*.cu).
+#include "launch_decls.h"
+
+namespace attnrnn::cuda {
+
+int max_dynamic_smem() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 48 * 1024;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return 48 * 1024;
+  return bytes;
+}
+
+Status chunk_fwd(const LinearAttnParams& p) {
+  return dispatch_dtype(p.dtype, [&](auto t) { return launch_chunk_fwd<decltype(t)>(p, false); });
+}
+Status recurrent_fwd(const LinearAttnParams& p) {
+  return dispatch_dtype(p.dtype, [&](auto t) { return launch_chunk_fwd<decltype(t)>(p, true); });
+}
+Status chunk_bwd(const LinearAttnParams& p) {
+  return dispatch_dtype(p.dtype, [&](auto t) { return launch_chunk_bwd<decltype(t)>(p, false); });
+}
+Status recurrent_bwd(const LinearAttnParams& p) {
+  return dispatch_dtype(p.dtype, [&](auto t) { return launch_chunk_bwd<decltype(t)>(p, true); });
+}
+Status step(const LinearAttnStepParams& p) {
+  return dispatch_dtype(p.dtype, [&](auto t) { return launch_step<decltype(t)>(p); });
+}
+
+}  // namespace attnrnn::cuda

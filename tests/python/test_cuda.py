@@ -1,0 +1,120 @@
+"""What only a GPU can show: CPU and CUDA agree, bitwise determinism over many runs, a problem past
+2**31 elements (64-bit offsets), bad device-side values stay in bounds, and the current stream.
+Skipped without CUDA (the rest of the suite runs on CUDA too through its `device` fixture)."""
+import pytest
+import torch
+
+from cases import Case, make_inputs, run
+from conftest import HAS_CUDA
+from numerics import relative_rms
+
+pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+
+
+def _qkv(B, T, H, K, V, dtype, Hkv=None, device="cuda", seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    Hkv = Hkv or H
+    q = torch.randn(B, T, H, K, generator=gen).to(device=device, dtype=dtype)
+    k = torch.randn(B, T, Hkv, K, generator=gen).to(device=device, dtype=dtype)
+    v = torch.randn(B, T, Hkv, V, generator=gen).to(device=device, dtype=dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cpu_and_cuda_agree(ar, op, dtype):
+    case = Case(2, 150, 4, 48, dtype, Hkv=2, V=40, initial_state=True, final_state=True)
+    inp = make_inputs(case, "cuda")
+    on_cuda = run(getattr(ar, f"{op}_linear_attn"), case, inp)
+    on_cpu = run(getattr(ar, f"{op}_linear_attn"), case, {k: v.cpu() if isinstance(v, torch.Tensor) else v
+                                                           for k, v in inp.items()})
+    tol = 1e-5 if dtype == torch.float32 else 8e-3
+    for name in on_cpu:
+        assert relative_rms(on_cuda[name].cpu(), on_cpu[name]) <= tol, name
+
+
+@pytest.mark.parametrize("normalize", [False, True], ids=["unnorm", "norm"])
+def test_forward_and_backward_are_bitwise_deterministic_B64(ar, normalize):
+    q, k, v = _qkv(64, 300, 2, 64, 64, torch.bfloat16)
+    opts = dict(normalize=normalize, feature_map="elu1", output_final_state=True)
+    o0, s0 = ar.chunk_linear_attn(q, k, v, **opts)
+    for _ in range(100):
+        o, s = ar.chunk_linear_attn(q, k, v, **opts)
+        assert torch.equal(o, o0) and torch.equal(s.S, s0.S)
+    do = torch.randn_like(o0)
+    grads0 = None
+    for _ in range(50):
+        ins = [t.clone().requires_grad_() for t in (q, k, v)]
+        ar.chunk_linear_attn(*ins, **opts)[0].backward(do)
+        grads = [t.grad for t in ins]
+        if grads0 is None:
+            grads0 = grads
+        assert all(torch.equal(a, b) for a, b in zip(grads, grads0))
+
+
+def test_past_2_pow_31_elements_uses_64_bit_offsets(ar, ref):
+    """q, k, v, o of 2**31 + 16384*128 elements each, packed as 16513 sequences of 1024 tokens:
+    the last sequences start past element 2**31 and must match the reference."""
+    H, K, L = 1, 128, 1024
+    N = (2**31) // (L * H * K) + 1
+    T = N * L
+    cu = torch.arange(0, T + 1, L, device="cuda", dtype=torch.int64)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, T, H, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(1, T, H, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(1, T, H, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    assert q.numel() > 2**31
+    o, _ = ar.chunk_linear_attn(q, k, v, cu_seqlens=cu, feature_map="elu1")
+    for n in (0, N - 2, N - 1):
+        s = slice(n * L, (n + 1) * L)
+        o_ref, _ = ref.parallel_linear_attn(q[:, s].double(), k[:, s].double(), v[:, s].double(),
+                                            feature_map="elu1")
+        assert relative_rms(o[:, s].double(), o_ref) <= 8e-3, n
+
+
+def test_bad_cu_seqlens_values_stay_in_bounds(ar):
+    """CUDA does not read cu_seqlens back (no sync): offsets past T are clamped, not followed."""
+    q, k, v = _qkv(1, 64, 2, 16, 16, torch.float32)
+    o, _ = ar.chunk_linear_attn(q, k, v, cu_seqlens=torch.tensor([0, 40, 10**9], device="cuda"))
+    torch.cuda.synchronize()
+    o_ok, _ = ar.chunk_linear_attn(q, k, v, cu_seqlens=torch.tensor([0, 40, 64], device="cuda"))
+    assert torch.equal(o, o_ok)
+
+
+def test_step_index_outside_the_pool_gives_nan_and_leaves_the_pool_alone(ar):
+    q, k, v = (torch.randn(3, 2, 16, device="cuda") for _ in range(3))
+    S, z = torch.randn(4, 2, 16, 16, device="cuda"), torch.rand(4, 2, 16, device="cuda") + 1
+    S0, z0 = S.clone(), z.clone()
+    o = ar.linear_attn_step(q, k, v, (S, z), state_indices=torch.tensor([1, 7, -1], device="cuda"))
+    assert torch.isnan(o[1]).all() and torch.equal(o[2], torch.zeros_like(o[2]))
+    assert torch.equal(S[[0, 2, 3]], S0[[0, 2, 3]]) and torch.equal(z[[0, 2, 3]], z0[[0, 2, 3]])
+    assert not torch.equal(S[1], S0[1])
+
+
+def test_ops_run_on_the_current_stream(ar):
+    q, k, v = _qkv(4, 500, 4, 64, 64, torch.bfloat16)
+    expected, _ = ar.chunk_linear_attn(q, k, v)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got, _ = ar.chunk_linear_attn(q, k, v)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, expected)
+
+
+def test_decode_step_under_cuda_graph_replay(ar):
+    B, H, K = 8, 4, 64
+    S = torch.zeros(B, H, K, K, device="cuda")
+    z = torch.zeros(B, H, K, device="cuda")
+    q, k, v = (torch.randn(B, H, K, device="cuda") for _ in range(3))
+    S_ref, z_ref = S.clone(), z.clone()
+    ar.linear_attn_step(q, k, v, (S, z))  # warm-up outside the capture
+    ar.linear_attn_step(q, k, v, (S_ref, z_ref))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = ar.linear_attn_step(q, k, v, (S, z))
+    for _ in range(3):
+        graph.replay()
+        o_ref = ar.linear_attn_step(q, k, v, (S_ref, z_ref))
+        torch.cuda.synchronize()
+        assert torch.equal(o, o_ref) and torch.equal(S, S_ref)
