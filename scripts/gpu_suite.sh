@@ -15,6 +15,14 @@ if want fla && ls .whl/fla_core-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-*.whl && export PYTHONPATH=/tmp/site
 fi
 
+# The image's default C++ compiler (/opt/gcc) puts its own copy of libstdc++'s locale machinery
+# into shared libraries, which crashes when they format numbers inside torch's process: build
+# with the system compiler, the one torch's libstdc++ belongs to.
+if [ -x /usr/bin/g++ ]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+fi
+echo "compilers: CXX=${CXX:-default} ($(${CXX:-c++} --version | head -1))"
+
 start=$(date +%s)
 if ! ATTNRNN_CUDA=ON ATTNRNN_BUILD_JOBS=$(nproc) python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"
