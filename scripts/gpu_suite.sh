@@ -23,6 +23,7 @@ if [ -x /usr/bin/g++ ]; then
 fi
 echo "compilers: CXX=${CXX:-default} ($(${CXX:-c++} --version | head -1))"
 
+rm -rf build/cmake-py*  # a fresh configure: a cached compiler from an earlier call would stick
 start=$(date +%s)
 if ! ATTNRNN_CUDA=ON ATTNRNN_BUILD_JOBS=$(nproc) python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"
