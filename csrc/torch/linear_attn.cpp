@@ -92,13 +92,12 @@ MutView mut_view(const at::Tensor& t) { return MutView{t.data_ptr(), t.stride(0)
 
 void* mut_data_or_null(const at::Tensor& t) { return t.numel() > 0 ? t.data_ptr() : nullptr; }
 
-void aten_parallel_for(void*, int64_t n, int64_t grain, CpuExecutor::Body body, void* ctx) {
-  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { body(ctx, begin, end); });
-}
-
 template <class Params>
 void set_device(Params& p, const at::Tensor& q) {
-  p.executor.parallel_for = aten_parallel_for;
+  // The library's own thread pool, sized like torch's intra-op pool (torch.set_num_threads).
+  // at::parallel_for is not used: with torch's OpenMP backend its loop is a header template
+  // that runs serially unless this library were compiled with torch's exact OpenMP runtime.
+  p.executor.num_threads = at::get_num_threads();
   if (q.is_cuda()) {
     p.device = Device::kCUDA;
 #ifdef ATTNRNN_TORCH_CUDA

@@ -50,7 +50,8 @@ enum class FeatureMap : int {
 enum class Device : int { kCPU = 0, kCUDA = 1 };
 
 // How CPU kernels run work items in parallel. The default (parallel_for == nullptr) uses the
-// library's own threads; the PyTorch glue plugs in at::parallel_for so torch.set_num_threads applies.
+// library's persistent thread pool with num_threads threads; the PyTorch glue passes torch's
+// intra-op thread count so torch.set_num_threads applies.
 struct CpuExecutor {
   using Body = void (*)(void* body_ctx, int64_t begin, int64_t end);
   // Must call body(body_ctx, b, e) over disjoint ranges covering [0, n) and return when all are done.

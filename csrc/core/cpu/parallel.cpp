@@ -1,6 +1,9 @@
 #include "parallel.h"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -8,24 +11,100 @@ namespace attnrnn::cpu {
 
 namespace {
 
-// The torch-free default: split [0, n) into one contiguous range per thread.
-void default_parallel_for(int num_threads, int64_t n, int64_t grain, CpuExecutor::Body body,
-                          void* body_ctx) {
+// One parallel loop: [0, n) cut into `tasks` contiguous ranges of `per` items, taken by the
+// caller and the pool's workers in any order (each range is computed by one thread, so results do
+// not depend on who takes it).
+struct Job {
+  CpuExecutor::Body body;
+  void* ctx;
+  int64_t n, per, tasks;
+  std::atomic<int64_t> next{0};
+  int64_t done = 0;  // guarded by Pool::mutex
+  int users = 0;     // workers inside work(); guarded by Pool::mutex
+};
+
+// Persistent worker threads: spawning threads per call costs tens of microseconds, as much as a
+// whole decode step. One job runs at a time; a call that finds the pool busy (another caller
+// thread, or a nested loop) runs serially.
+class Pool {
+ public:
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  bool try_run(int threads, int64_t n, CpuExecutor::Body body, void* ctx) {
+    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+    if (!busy.owns_lock()) return false;
+    Job job;
+    job.body = body;
+    job.ctx = ctx;
+    job.n = n;
+    job.per = (n + threads - 1) / threads;
+    job.tasks = (n + job.per - 1) / job.per;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      while (static_cast<int>(workers_.size()) < threads - 1) workers_.emplace_back([this] { worker(); });
+      job_ = &job;
+      ++generation_;
+    }
+    wake_.notify_all();
+    work(job);
+    std::unique_lock<std::mutex> lock(mutex_);
+    finished_.wait(lock, [&] { return job.done == job.tasks && job.users == 0; });
+    job_ = nullptr;
+    return true;
+  }
+
+ private:
+  void work(Job& job) {
+    for (int64_t t = job.next.fetch_add(1); t < job.tasks; t = job.next.fetch_add(1)) {
+      const int64_t begin = t * job.per;
+      job.body(job.ctx, begin, std::min(job.n, begin + job.per));
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (++job.done == job.tasks) finished_.notify_all();
+    }
+  }
+
+  void worker() {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || (job_ != nullptr && generation_ != seen); });
+      if (stop_) return;
+      seen = generation_;
+      Job& job = *job_;
+      ++job.users;
+      lock.unlock();
+      work(job);
+      lock.lock();
+      if (--job.users == 0) finished_.notify_all();
+    }
+  }
+
+  std::mutex busy_;   // held by the caller of the job in flight
+  std::mutex mutex_;  // guards everything below and the jobs' done/users counters
+  std::condition_variable wake_, finished_;
+  std::vector<std::thread> workers_;
+  Job* job_ = nullptr;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+Pool& pool() {
+  static Pool instance;
+  return instance;
+}
+
+void default_parallel_for(int num_threads, int64_t n, int64_t grain, CpuExecutor::Body body, void* body_ctx) {
+  const int64_t g = std::max<int64_t>(grain, 1);
   int64_t threads = num_threads > 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency());
-  threads = std::min<int64_t>(threads, (n + std::max<int64_t>(grain, 1) - 1) / std::max<int64_t>(grain, 1));
-  if (threads <= 1) {
-    body(body_ctx, 0, n);
-    return;
-  }
-  const int64_t per = (n + threads - 1) / threads;
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (int64_t t = 1; t < threads; ++t) {
-    const int64_t begin = t * per, end = std::min(n, begin + per);
-    if (begin < end) pool.emplace_back(body, body_ctx, begin, end);
-  }
-  body(body_ctx, 0, std::min(n, per));
-  for (auto& th : pool) th.join();
+  threads = std::min<int64_t>(threads, (n + g - 1) / g);
+  if (threads <= 1 || !pool().try_run(static_cast<int>(threads), n, body, body_ctx)) body(body_ctx, 0, n);
 }
 
 }  // namespace
