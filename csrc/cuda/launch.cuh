@@ -1,6 +1,9 @@
 // Host side of the CUDA kernels: tile choices, shared-memory limits and launches. Each
 // (op, dtype) pair is instantiated in its own small .cu file (instantiations/).
 //
+// Tensor-core forward (chunk_fwd_tc.cuh): bf16, K in {64, 128}, V % 64 == 0, chunk 64 (the
+// default or asked for), 16-byte aligned rows; 4 warps, 64 value columns and 64 tokens per step.
+//
 // Tile table of the generic path (256 threads per block, CUDA-core FMAs):
 //   forward   BV = min(64, V) value columns per block; chunk C = the largest power of two <= the
 //             requested chunk (default 64) whose shared memory fits (C = 32 at K = 256 in fp32)
@@ -13,6 +16,7 @@
 
 #include "chunk_bwd.cuh"
 #include "chunk_fwd.cuh"
+#include "chunk_fwd_tc.cuh"
 #include "common.cuh"
 #include "step.cuh"
 
@@ -32,11 +36,38 @@ int pick_chunk(int64_t want, Fits fits) {
   return C;
 }
 
+inline bool aligned16(const ConstView& x) {
+  return reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && x.stride_b % 8 == 0 && x.stride_t % 8 == 0 &&
+         x.stride_h % 8 == 0;
+}
+
+inline bool tensor_core_forward(const LinearAttnParams& p, bool recurrent) {
+  return p.dtype == DType::kBFloat16 && !recurrent && (p.chunk_size == 0 || p.chunk_size == kTcChunk) &&
+         (p.head_dim_k == 64 || p.head_dim_k == 128) && p.head_dim_v % kTcBV == 0 && aligned16(p.q) &&
+         aligned16(p.k) && aligned16(p.v) && reinterpret_cast<uintptr_t>(p.o.data) % 4 == 0 &&
+         p.o.stride_b % 2 == 0 && p.o.stride_t % 2 == 0 && p.o.stride_h % 2 == 0;
+}
+
+template <int K>
+Status launch_chunk_fwd_tc(const LinearAttnParams& p) {
+  const int64_t bytes = TcSmem{K}.bytes();
+  Status s = allow_smem(chunk_fwd_tc_kernel<K>, bytes, "chunk_linear_attn forward (tensor cores)");
+  if (s != Status::kSuccess) return s;
+  const dim3 grid(static_cast<unsigned>(num_states(p)), static_cast<unsigned>(p.head_dim_v / kTcBV),
+                  static_cast<unsigned>(p.num_kv_heads));
+  chunk_fwd_tc_kernel<K><<<grid, kTcThreads, bytes, static_cast<cudaStream_t>(p.stream)>>>(p);
+  return check_launch("chunk_linear_attn forward (tensor cores)");
+}
+
 template <class T>
 Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
   using A = typename AccOf<T>::type;
   const int64_t N = num_states(p), K = p.head_dim_k, V = p.head_dim_v;
   if (N == 0) return Status::kSuccess;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (tensor_core_forward(p, recurrent))
+      return K == 64 ? launch_chunk_fwd_tc<64>(p) : launch_chunk_fwd_tc<128>(p);
+  }
   const int BV = static_cast<int>(V < 64 ? V : 64);
   const int64_t limit = max_dynamic_smem();
   const int C = pick_chunk(requested_chunk(p, recurrent),

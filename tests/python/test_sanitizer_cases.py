@@ -12,6 +12,9 @@ CASES = [
     Case(1, 70, 2, 64, torch.float32, feature_map="relu", normalize=False, noncontig=True),
     Case(1, 90, 2, 16, torch.float16, seqlens=(1, 0, 40, 49), initial_state=True, final_state=True),
     Case(1, 20, 1, 256, torch.float32, V=256, initial_state=True, final_state=True),
+    # bf16, K = 64 and 128, V % 64 == 0: the tensor-core forward
+    Case(2, 150, 4, 64, torch.bfloat16, Hkv=2, initial_state=True, final_state=True),
+    Case(1, 200, 2, 128, torch.bfloat16, V=128, seqlens=(70, 0, 130), feature_map="relu", normalize=False),
 ]
 
 
