@@ -82,6 +82,32 @@ def decode_rows(shape, device, dtype, fla):
     return rows
 
 
+def copy_bandwidth(device):
+    """Device-to-device copy rate in bytes/s (read + write), the memory floor's denominator."""
+    x = torch.empty(1 << 28, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    ms = median_ms(lambda: y.copy_(x), device, repeats=20)
+    return 2 * x.numel() * 4 / (ms * 1e-3)
+
+
+def floor_bytes(row, elem_bytes):
+    """Bytes that must move: q, k, v read and o written (forward); about 11/4 of that for
+    forward+backward (q, k, v, do read, dq, dk, dv written, plus the forward); the fp32 state read
+    and written once (decode)."""
+    if row["suite"] == "decode":
+        B, H, D = (int(x[1:]) for x in row["shape"].split("-"))
+        return 2 * B * H * D * D * 4
+    B, T, H, D = (int(x[1:]) for x in row["shape"].split("-"))
+    fwd = 4 * B * T * H * D * elem_bytes
+    return fwd if row["mode"] == "fwd" else fwd * 11 / 4
+
+
+def add_floors(rows, bandwidth, elem_bytes):
+    for r in rows:
+        r["floor_ms"] = floor_bytes(r, elem_bytes) / bandwidth * 1e3
+        r["pct_of_floor"] = 100 * r["floor_ms"] / r["ms"]
+
+
 def add_ratios(rows):
     """Speed-up of attnrnn over each baseline measured on the same (shape, normalize, mode)."""
     ours = {(r["suite"], r["shape"], r["normalize"], r["mode"]): r["ms"] for r in rows if r["impl"] == "attnrnn"}
@@ -122,14 +148,22 @@ def main(argv=None):
         for shape in registry.DECODE[device]:
             rows += decode_rows(shape, device, dtype, fla)
     add_ratios(rows)
+    bandwidth = copy_bandwidth(device) if device == "cuda" else None
+    if bandwidth is not None:
+        add_floors(rows, bandwidth, torch.finfo(dtype).bits // 8)
     out = Path(args.out or Path(__file__).parent / "results" / f"{device}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"env": environment(device), "dtype": registry.DTYPE[device], "rows": rows}, indent=1))
-    print(f"{'suite':7s} {'shape':24s} {'norm':5s} {'mode':8s} {'impl':20s} {'ms':>10s} {'attnrnn x':>10s}")
+    env = environment(device)
+    if bandwidth is not None:
+        env["copy_TBps"] = bandwidth / 1e12
+    out.write_text(json.dumps({"env": env, "dtype": registry.DTYPE[device], "rows": rows}, indent=1))
+    print(f"{'suite':7s} {'shape':24s} {'norm':5s} {'mode':8s} {'impl':20s} {'ms':>10s} {'attnrnn x':>10s}"
+          f" {'% floor':>8s}")
     for r in rows:
         speed = "" if r["attnrnn_speedup"] is None else f"{r['attnrnn_speedup']:.2f}"
+        floor = f"{r['pct_of_floor']:.1f}" if "pct_of_floor" in r else ""
         print(f"{r['suite']:7s} {r['shape']:24s} {str(r['normalize']):5s} {r['mode']:8s} {r['impl']:20s} "
-              f"{r['ms']:10.3f} {speed:>10s}")
+              f"{r['ms']:10.3f} {speed:>10s} {floor:>8s}")
     print(f"wrote {out}")
 
 
