@@ -1,5 +1,5 @@
 // Timing of the CPU kernels (not a test). Usage: bench_cpu [chunk_size] [threads]
-// fp32, B=2, T=4096, H=4, K=V=64: chunk forward, forward+backward, recurrent forward;
+// fp32, B=2, T=4096, H=4, K=V=64: chunk forward, backward, forward+backward, recurrent forward;
 // decode step with B=8, H=32, K=V=128. Prints median (min) over repeats in milliseconds.
 #include <algorithm>
 #include <chrono>
@@ -73,15 +73,16 @@ int main(int argc, char** argv) {
     p.scale = 0.125, p.normalize = normalize, p.chunk_size = chunk;
     p.executor.num_threads = threads;
     const Timing fwd = time_ms([&] { check(attnrnn::chunk_linear_attn_fwd(p)); }, 21);
+    const Timing bwd = time_ms([&] { check(attnrnn::chunk_linear_attn_bwd(p)); }, 11);
     const Timing fb = time_ms([&] {
       check(attnrnn::chunk_linear_attn_fwd(p));
       check(attnrnn::chunk_linear_attn_bwd(p));
     }, 11);
     const Timing rec = time_ms([&] { check(attnrnn::recurrent_linear_attn_fwd(p)); }, 5);
     std::printf("fp32 B=%lld T=%lld H=%lld K=V=%lld normalize=%d chunk=%lld: chunk fwd %.2f (%.2f) ms, "
-                "chunk fwd+bwd %.2f (%.2f) ms, recurrent fwd %.2f (%.2f) ms\n",
+                "chunk bwd %.2f (%.2f) ms, chunk fwd+bwd %.2f (%.2f) ms, recurrent fwd %.2f (%.2f) ms\n",
                 (long long)B, (long long)T, (long long)H, (long long)K, normalize, (long long)chunk, fwd.median,
-                fwd.min, fb.median, fb.min, rec.median, rec.min);
+                fwd.min, bwd.median, bwd.min, fb.median, fb.min, rec.median, rec.min);
   }
 
   {  // One long sequence and one head: the forward is split into segments to use the threads.

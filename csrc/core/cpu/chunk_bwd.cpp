@@ -33,14 +33,12 @@ struct BwdScratch {
   std::vector<A> a, da;       // C x C   scores and their gradient
   std::vector<A> dx;          // C x K   dq' (pass 1), dk' (pass 2)
   std::vector<A> dv;          // C x V
-  std::vector<A> S, dS;       // K x V   state / state gradient
   std::vector<A> St;          // V x K   S or dS̃ transposed
-  std::vector<A> z, dz;       // K
 
   BwdScratch(const Dims& d, int64_t C)
       : kp(C * d.K), dphi_k(C * d.K), kt(d.K * C), v(C * d.V), vt(d.V * C), qp(C * d.K),
         dphi_q(C * d.K), dn(C * d.V), nn(C * d.V), a(C * C), da(C * C), dx(C * d.K), dv(C * d.V),
-        S(d.K * d.V), dS(d.K * d.V), St(d.V * d.K), z(d.K), dz(d.K) {}
+        St(d.V * d.K) {}
 };
 
 // Context of one segment of one (sequence, kv head) item.
@@ -56,6 +54,8 @@ struct Work {
   A scale, eps;
   A* den;  // seq.len x G: den and dd per token and query head (normalize only), kept for pass 2
   A* dd;
+  A *S, *z;    // K x V, K: state (pass 1)
+  A *dS, *dz;  // K x V, K: state gradient (pass 2)
 
   // k' (and phi'(k)), v and their transposes (k'ᵀ only when the scores are needed) for the L
   // tokens from t0.
@@ -89,14 +89,15 @@ struct Work {
     }
   }
 
-  // Pass 1 from the state in w.S, w.z: dq for every query head of the group, den and dd per token.
-  // When inc is non-null it receives Σ_h Q'ᵀ dN and Σ_h Σ_t dd_t q'_t of the segment (S then z).
-  void forward_pass(A* inc) {
-    const int64_t K = d.K, V = d.V, G = d.G, end = std::min(seq.len, sg.chunk_end * C);
-    for (int64_t c0 = sg.chunk_begin * C; c0 < end; c0 += C) {
-      const int64_t L = std::min(C, end - c0), t0 = seq.t0 + c0;
+  // Pass 1, chunk c, from the state in S, z (advanced past the chunk): dq for every query head of
+  // the group, den and dd per token. When inc is non-null it receives the chunk's Σ_h Q'ᵀ dN and
+  // Σ_h Σ_t dd_t q'_t (S then z).
+  void forward_chunk(int64_t c, A* inc) {
+    const int64_t K = d.K, V = d.V, G = d.G;
+    {
+      const int64_t c0 = c * C, L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
       load_kv(t0, L, false, p.normalize);
-      transpose(w.S.data(), K, V, w.St.data());
+      transpose(S, K, V, w.St.data());
       for (int64_t hh = 0; hh < G; ++hh) {
         const int64_t h = g * G + hh;
         load_q_do(t0, L, h, true);
@@ -105,9 +106,9 @@ struct Work {
         if (p.normalize) {
           causal_scores(L, K, w.qp.data(), w.kt.data(), w.a.data());
           causal_nn(L, V, w.a.data(), w.v.data(), V, w.nn.data(), V, false);
-          gemm(L, V, K, w.qp.data(), K, int64_t(1), w.S.data(), V, w.nn.data(), V, true);
+          gemm(L, V, K, w.qp.data(), K, int64_t(1), S, V, w.nn.data(), V, true);
           for (int64_t i = 0; i < L; ++i) {
-            const A den = dot(&w.qp[i * K], w.z.data(), K) + sum(&w.a[i * L], i + 1) + eps;
+            const A den = dot(&w.qp[i * K], z, K) + sum(&w.a[i * L], i + 1) + eps;
             A* __restrict dn = &w.dn[i * V];
             const A don = dot(dn, &w.nn[i * V], V);
             for (int64_t j = 0; j < V; ++j) dn[j] /= den;
@@ -132,34 +133,33 @@ struct Work {
           const A ddi = p.normalize ? dd[(c0 + i) * G + hh] : A(0);
           A* __restrict dq = &w.dx[i * K];
           const A* __restrict f = &w.dphi_q[i * K];
-          for (int64_t k = 0; k < K; ++k) dq[k] = f[k] * (dq[k] + ddi * w.z[k]);
+          for (int64_t k = 0; k < K; ++k) dq[k] = f[k] * (dq[k] + ddi * z[k]);
           store_row(dq, K, at<T>(p.dq, seq.b, t0 + i, h));
         }
       }
       // State update: S += K'ᵀ V, z += Σ k'.
-      gemm(K, V, L, w.kp.data(), int64_t(1), K, w.v.data(), V, w.S.data(), V, true);
+      gemm(K, V, L, w.kp.data(), int64_t(1), K, w.v.data(), V, S, V, true);
       if (p.normalize)
         for (int64_t i = 0; i < L; ++i)
-          for (int64_t k = 0; k < K; ++k) w.z[k] += w.kp[i * K + k];
+          for (int64_t k = 0; k < K; ++k) z[k] += w.kp[i * K + k];
     }
   }
 
-  // Pass 2 from the gradient in w.dS, w.dz (at the segment end): dk, dv; leaves dS̃, dz̃ at the
-  // segment start in w.dS, w.dz.
-  void reverse_pass() {
+  // Pass 2, chunk c, from the gradient in dS, dz (at the chunk end): dk, dv; leaves dS̃, dz̃ at the
+  // chunk start in dS, dz.
+  void reverse_chunk(int64_t c) {
     const int64_t K = d.K, V = d.V, G = d.G;
-    const int64_t last = std::min((seq.len + C - 1) / C, sg.chunk_end) - 1;
-    for (int64_t c = last; c >= sg.chunk_begin; --c) {
+    {
       const int64_t c0 = c * C, L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
       load_kv(t0, L, true, true);
 
       // Inter-chunk: dk' = V dS̃ᵀ + dz̃, dv = K' dS̃ (dS̃, dz̃ from the chunks after this one).
-      transpose(w.dS.data(), K, V, w.St.data());
+      transpose(dS, K, V, w.St.data());
       gemm(L, K, V, w.v.data(), V, int64_t(1), w.St.data(), K, w.dx.data(), K, false);
       if (p.normalize)
         for (int64_t i = 0; i < L; ++i)
-          for (int64_t k = 0; k < K; ++k) w.dx[i * K + k] += w.dz[k];
-      gemm(L, V, K, w.kp.data(), K, int64_t(1), w.dS.data(), V, w.dv.data(), V, false);
+          for (int64_t k = 0; k < K; ++k) w.dx[i * K + k] += dz[k];
+      gemm(L, V, K, w.kp.data(), K, int64_t(1), dS, V, w.dv.data(), V, false);
 
       for (int64_t hh = 0; hh < G; ++hh) {
         const int64_t h = g * G + hh;
@@ -177,11 +177,11 @@ struct Work {
         causal_tn(L, V, w.a.data(), w.dn.data(), V, w.dv.data(), V, true);
 
         // State gradient: dS̃ += Q'ᵀ dN, dz̃ += Σ_t dd_t q'_t.
-        gemm(K, V, L, w.qp.data(), int64_t(1), K, w.dn.data(), V, w.dS.data(), V, true);
+        gemm(K, V, L, w.qp.data(), int64_t(1), K, w.dn.data(), V, dS, V, true);
         if (p.normalize)
           for (int64_t i = 0; i < L; ++i) {
             const A ddi = dd[(c0 + i) * G + hh];
-            for (int64_t k = 0; k < K; ++k) w.dz[k] += ddi * w.qp[i * K + k];
+            for (int64_t k = 0; k < K; ++k) dz[k] += ddi * w.qp[i * K + k];
           }
       }
 
@@ -205,29 +205,48 @@ Status chunk_bwd(const LinearAttnParams& p) {
     const int64_t C = chunk_of(p), K = d.K, KV = d.K * d.V, block = KV + K;
     const std::vector<Segment> plan = plan_segments(p, d, C);
     const int64_t units = static_cast<int64_t>(plan.size()), items = d.N * d.Hkv;
+    const std::vector<std::vector<int64_t>> groups = lockstep_groups(p, d, plan);
 
     // Per-token den and dd of every item (normalize only): item i at offset[i].
     std::vector<int64_t> offset(items + 1, 0);
     for (int64_t i = 0; i < items; ++i)
       offset[i + 1] = offset[i] + (p.normalize ? sequence(p, i / d.Hkv).len * d.G : 0);
     std::vector<A> den(offset[items]), dd(offset[items]);
-    auto work = [&](BwdScratch<A>& w, int64_t u) {
+    auto work = [&](BwdScratch<A>& w, int64_t u, A* state) {
       const Segment& sg = plan[u];
       return Work<T>{p, d, w, sg, sequence(p, sg.item / d.Hkv), sg.item % d.Hkv, C,
                      static_cast<A>(p.scale), static_cast<A>(p.eps), den.data() + offset[sg.item],
-                     dd.data() + offset[sg.item]};
+                     dd.data() + offset[sg.item], state, state + KV, state, state + KV};
     };
 
     // States at segment starts; ends[u] will hold dS̃, dz̃ at the end of segment u (not last).
     const std::vector<A> start = segment_starts<T>(p, d, C, plan);
     std::vector<A> ends(start.empty() ? 0 : units * block, A(0));
 
-    // Pass 1 of every segment; segment u's share of the state gradient goes to ends[u - 1].
-    parallel_for(p.executor, units, 1, [&](int64_t begin, int64_t end) {
+    // Pass 1 of every segment; segment u's share of the state gradient goes to ends[u - 1]. The
+    // segments of a group (same sequence and chunks, several kv heads) advance chunk by chunk
+    // together so that their rows, adjacent in memory, are read together.
+    parallel_for(p.executor, static_cast<int64_t>(groups.size()), 1, [&](int64_t begin, int64_t end) {
       BwdScratch<A> w(d, C);
-      for (int64_t u = begin; u < end; ++u) {
-        load_segment_start(p, d, plan, start, u, w.S.data(), w.z.data());
-        work(w, u).forward_pass(ends.empty() || plan[u].first ? nullptr : &ends[(u - 1) * block]);
+      std::vector<A> state;
+      std::vector<Work<T>> members;
+      for (int64_t gi = begin; gi < end; ++gi) {
+        const std::vector<int64_t>& us = groups[gi];
+        const int64_t m = static_cast<int64_t>(us.size());
+        state.assign(m * block, A(0));
+        members.clear();
+        for (int64_t j = 0; j < m; ++j) {
+          const int64_t u = us[j];
+          members.push_back(work(w, u, &state[j * block]));
+          load_segment_start(p, d, plan, start, u, members[j].S, members[j].z);
+        }
+        const Segment& sg = plan[us[0]];
+        const int64_t last = std::min((members[0].seq.len + C - 1) / C, sg.chunk_end);
+        for (int64_t c = sg.chunk_begin; c < last; ++c)
+          for (int64_t j = 0; j < m; ++j) {
+            const int64_t u = us[j];
+            members[j].forward_chunk(c, ends.empty() || plan[u].first ? nullptr : &ends[(u - 1) * block]);
+          }
       }
     });
 
@@ -245,22 +264,35 @@ Status chunk_bwd(const LinearAttnParams& p) {
     }
 
     // Pass 2 of every segment from the gradient at its end; the first one writes d_initial.
-    parallel_for(p.executor, units, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(p.executor, static_cast<int64_t>(groups.size()), 1, [&](int64_t begin, int64_t end) {
       BwdScratch<A> w(d, C);
-      for (int64_t u = begin; u < end; ++u) {
-        const Segment& sg = plan[u];
-        if (sg.last) {
-          load_state(p.d_final_S, sg.item, KV, w.dS.data());
-          if (p.normalize) load_state(p.d_final_z, sg.item, K, w.dz.data());
-        } else {
-          std::copy(&ends[u * block], &ends[u * block] + KV, w.dS.data());
-          std::copy(&ends[u * block] + KV, &ends[(u + 1) * block], w.dz.data());
+      std::vector<A> state;
+      std::vector<Work<T>> members;
+      for (int64_t gi = begin; gi < end; ++gi) {
+        const std::vector<int64_t>& us = groups[gi];
+        const int64_t m = static_cast<int64_t>(us.size());
+        state.assign(m * block, A(0));
+        members.clear();
+        for (int64_t j = 0; j < m; ++j) {
+          const int64_t u = us[j];
+          const Segment& sg = plan[u];
+          members.push_back(work(w, u, &state[j * block]));
+          if (sg.last) {
+            load_state(p.d_final_S, sg.item, KV, members[j].dS);
+            if (p.normalize) load_state(p.d_final_z, sg.item, K, members[j].dz);
+          } else {
+            std::copy(&ends[u * block], &ends[(u + 1) * block], members[j].dS);
+          }
         }
-        work(w, u).reverse_pass();
-        if (sg.first) {
-          store_state(w.dS.data(), sg.item, KV, p.d_initial_S);
-          if (p.normalize) store_state(w.dz.data(), sg.item, K, p.d_initial_z);
-        }
+        const Segment& sg = plan[us[0]];
+        const int64_t last = std::min((members[0].seq.len + C - 1) / C, sg.chunk_end) - 1;
+        for (int64_t c = last; c >= sg.chunk_begin; --c)
+          for (int64_t j = 0; j < m; ++j) members[j].reverse_chunk(c);
+        for (int64_t j = 0; j < m; ++j)
+          if (plan[us[j]].first) {
+            store_state(members[j].dS, plan[us[j]].item, KV, p.d_initial_S);
+            if (p.normalize) store_state(members[j].dz, plan[us[j]].item, K, p.d_initial_z);
+          }
       }
     });
     return Status::kSuccess;

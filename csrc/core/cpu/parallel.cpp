@@ -109,6 +109,12 @@ void default_parallel_for(int num_threads, int64_t n, int64_t grain, CpuExecutor
 
 }  // namespace
 
+int executor_threads(const CpuExecutor& executor) {
+  if (executor.parallel_for != nullptr) return 0;
+  return executor.num_threads > 0 ? executor.num_threads
+                                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 void run_parallel(const CpuExecutor& executor, int64_t n, int64_t grain, CpuExecutor::Body body,
                   void* body_ctx) {
   if (n <= 0) return;

@@ -12,6 +12,9 @@ namespace attnrnn::cpu {
 void run_parallel(const CpuExecutor& executor, int64_t n, int64_t grain, CpuExecutor::Body body,
                   void* body_ctx);
 
+// Threads the default executor would use; 0 when a custom parallel_for decides.
+int executor_threads(const CpuExecutor& executor);
+
 // parallel_for(executor, n, grain, [&](int64_t begin, int64_t end) { ... });
 template <class F>
 void parallel_for(const CpuExecutor& executor, int64_t n, int64_t grain, F&& f) {

@@ -34,6 +34,43 @@ inline std::vector<Segment> plan_segments(const LinearAttnParams& p, const Dims&
   return plan;
 }
 
+// Lockstep groups: plan entries of the same sequence and chunk range whose kv heads are adjacent,
+// processed chunk by chunk together so that the rows of all their heads (adjacent in memory in the
+// [B, T, H, D] layout) are read together: the strided per-head walk is several times slower. The
+// grouping changes only the order in which independent segments interleave, never their
+// arithmetic, so it may depend on the thread count: the largest head groups that still give every
+// thread work.
+inline std::vector<std::vector<int64_t>> lockstep_groups(const LinearAttnParams& p, const Dims& d,
+                                                         const std::vector<Segment>& plan) {
+  const int64_t units = static_cast<int64_t>(plan.size()), threads = executor_threads(p.executor);
+  int64_t hg = 1;  // kv heads per group
+  if (threads > 0)
+    for (int64_t h = d.Hkv; h > 1; --h) {
+      const int64_t groups = units / d.Hkv * ((d.Hkv + h - 1) / h);
+      if (groups >= threads && (groups % threads == 0 || groups >= 4 * threads)) {
+        hg = h;
+        break;
+      }
+    }
+  // plan is item-major (item = n * Hkv + g) and every kv head of a sequence has the same segments.
+  std::vector<std::vector<int64_t>> groups;
+  for (int64_t u = 0; u < units;) {
+    const int64_t n = plan[u].item / d.Hkv, parts = [&] {
+      int64_t k = 0;
+      while (u + k < units && plan[u + k].item == plan[u].item) ++k;
+      return k;
+    }();
+    for (int64_t j = 0; j < parts; ++j)
+      for (int64_t g0 = 0; g0 < d.Hkv; g0 += hg) {
+        groups.emplace_back();
+        for (int64_t g = g0; g < std::min(d.Hkv, g0 + hg); ++g) groups.back().push_back(u + g * parts + j);
+      }
+    u += d.Hkv * parts;
+    (void)n;
+  }
+  return groups;
+}
+
 // Phases 1 and 2 of the scan: the state (S then z, `block` = K·V + K elements) at the start of
 // every segment that is not the first of its item, at start[u * block]; empty when no item is cut.
 template <class T>
