@@ -6,7 +6,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "attnrnn/attnrnn.h"
 #include "kernels.h"
@@ -104,11 +109,53 @@ inline void store_row(const A* __restrict src, int64_t n, T* __restrict dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = from_float<T>(src[i]);
 }
 
-// dst (cols x rows) = src (rows x cols) transposed.
+#if defined(__AVX512F__)
+// dst (16 x 16, leading dimension ldd) = src (16 x 16, leading dimension lds) transposed, in
+// registers: two-source shuffles of 4-, 8-, 16- then 32-element granules (64 shuffles per tile).
+inline void transpose16(const float* __restrict src, int64_t lds, float* __restrict dst, int64_t ldd) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  // r[4i + j], 128-bit lane l: rows 4i..4i+3 of column 4l + j.
+  for (int j = 0; j < 4; ++j) {
+    t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+    t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);
+    t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
+  }
+  for (int j = 0; j < 4; ++j) {
+    _mm512_storeu_ps(dst + j * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
+    _mm512_storeu_ps(dst + (8 + j) * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd));
+    _mm512_storeu_ps(dst + (4 + j) * ldd, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88));
+    _mm512_storeu_ps(dst + (12 + j) * ldd, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xdd));
+  }
+}
+#endif
+
+// dst (cols x rows) = src (rows x cols) transposed (float: 16 x 16 tiles in registers).
 template <class A>
 inline void transpose(const A* __restrict src, int64_t rows, int64_t cols, A* __restrict dst) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+  int64_t r0 = 0, c0 = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<A, float>) {
+    for (r0 = 0; r0 + 16 <= rows; r0 += 16)
+      for (int64_t c = 0; c + 16 <= cols; c += 16) transpose16(src + r0 * cols + c, cols, dst + c * rows + r0, rows);
+    c0 = cols / 16 * 16;
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r)  // what the tiles left: rows from r0, columns from c0
+    for (int64_t c = r < r0 ? c0 : 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
 }
 
 // Copies `count` state elements of item `item` from src (zeros when src is null).
