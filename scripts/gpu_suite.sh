@@ -48,7 +48,7 @@ if want sanitize; then
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool --error-exitcode 9 \
       python3 -m pytest -q -p no:cacheprovider tests/python/test_sanitizer_cases.py -k cuda -x \
       >"$OUT/sanitize_$tool.log" 2>&1
-    echo "compute-sanitizer $tool: exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/sanitize_$tool.log") clean summaries)"
+    echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1))"
   done
 fi
 if want bench; then
