@@ -33,20 +33,29 @@ def train_rows(shape, device, dtype, fla):
         def ours_fwd():
             return attnrnn.chunk_linear_attn(q, k, v, normalize=normalize)[0]
 
+        # Gradients are reset before each backward (as triton's do_bench(grad_to_none=...) does), so
+        # neither side pays for accumulating into .grad.
         def ours_fwdbwd(ins=[t.detach().clone().requires_grad_() for t in (q, k, v)]):
+            for t in ins:
+                t.grad = None
             attnrnn.chunk_linear_attn(*ins, normalize=normalize)[0].backward(do)
 
         def torch_fwd():
             return baselines.torch_chunk(qh, kh, vh, normalize=normalize)
 
         def torch_fwdbwd(ins=[t.detach().clone().requires_grad_() for t in (qh, kh, vh)]):
+            for t in ins:
+                t.grad = None
             baselines.torch_chunk(*ins, normalize=normalize).backward(doh)
 
         impls = {"attnrnn": (ours_fwd, ours_fwdbwd), "torch_chunk": (torch_fwd, torch_fwdbwd)}
         if fla is not None:
-            ins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-            impls["fla_chunk"] = (lambda: fla["chunk"](q, k, v, normalize=normalize)[0],
-                                  lambda: fla["chunk"](*ins, normalize=normalize)[0].backward(do))
+            def fla_fwdbwd(ins=[t.detach().clone().requires_grad_() for t in (q, k, v)]):
+                for t in ins:
+                    t.grad = None
+                fla["chunk"](*ins, normalize=normalize)[0].backward(do)
+
+            impls["fla_chunk"] = (lambda: fla["chunk"](q, k, v, normalize=normalize)[0], fla_fwdbwd)
             if not normalize:
                 impls["fla_fused_chunk"] = (lambda: fla["fused_chunk"](q, k, v, normalize=False)[0], None)
         for impl, (fwd, fwdbwd) in impls.items():
