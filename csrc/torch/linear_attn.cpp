@@ -118,6 +118,34 @@ void check_status(Status status, const char* op) {
   TORCH_CHECK(false, op, ": ", status_string(status), ": ", detail);
 }
 
+// q [..., H, K], k [..., Hkv, K], v [..., Hkv, V] of one op: devices, dtypes, heads, head dims,
+// unit last-dim strides, and the scale and eps options. Returns the input dtype.
+DType check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, double eps,
+                const char* op) {
+  check_same_device(k, q, op, "k");
+  check_same_device(v, q, op, "v");
+  const DType dtype = dtype_of(q, op, "q");
+  TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type(), op, ": k must have the dtype of q (",
+                    q.scalar_type(), "), got ", k.scalar_type());
+  TORCH_CHECK_VALUE(v.scalar_type() == q.scalar_type(), op, ": v must have the dtype of q (",
+                    q.scalar_type(), "), got ", v.scalar_type());
+  const int64_t H = q.size(-2), K = q.size(-1), Hkv = k.size(-2), V = v.size(-1);
+  TORCH_CHECK_VALUE(k.size(-1) == K, op, ": k must have the head dim of q (K = ", K, "), got shape ",
+                    shape_of(k));
+  TORCH_CHECK_VALUE(v.size(-2) == Hkv, op, ": v must have the heads of k (Hkv = ", Hkv, "), got shape ",
+                    shape_of(v));
+  TORCH_CHECK_VALUE(Hkv >= 1 && H % Hkv == 0, op, ": the heads of k and v (", Hkv,
+                    ") must divide the heads of q (", H, ")");
+  TORCH_CHECK_VALUE(K >= 1 && K <= 256, op, ": q and k head dim K must be in [1, 256], got ", K);
+  TORCH_CHECK_VALUE(V >= 1 && V <= 256, op, ": v head dim V must be in [1, 256], got ", V);
+  check_unit_last_stride(q, op, "q");
+  check_unit_last_stride(k, op, "k");
+  check_unit_last_stride(v, op, "v");
+  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+  return dtype;
+}
+
 // Everything the forward and backward of both forms need to know about (q, k, v, state, varlen).
 struct SequenceArgs {
   LinearAttnParams params;
@@ -146,34 +174,15 @@ SequenceArgs sequence_args(const at::Tensor& q, const at::Tensor& k, const at::T
   check_rank(q, 4, op, "q", "[B, T, H, K]");
   check_rank(k, 4, op, "k", "[B, T, Hkv, K]");
   check_rank(v, 4, op, "v", "[B, T, Hkv, V]");
-  check_same_device(k, q, op, "k");
-  check_same_device(v, q, op, "v");
   SequenceArgs a;
   LinearAttnParams& p = a.params;
-  p.dtype = dtype_of(q, op, "q");
-  TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type(), op, ": k must have the dtype of q (",
-                    q.scalar_type(), "), got ", k.scalar_type());
-  TORCH_CHECK_VALUE(v.scalar_type() == q.scalar_type(), op, ": v must have the dtype of q (",
-                    q.scalar_type(), "), got ", v.scalar_type());
+  p.dtype = check_qkv(q, k, v, scale, eps, op);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
   const int64_t Hkv = k.size(2), V = v.size(3);
   TORCH_CHECK_VALUE(k.size(0) == B && k.size(1) == T, op, ": k must have the batch and length of q (",
                     B, ", ", T, "), got shape ", shape_of(k));
   TORCH_CHECK_VALUE(v.size(0) == B && v.size(1) == T, op, ": v must have the batch and length of q (",
                     B, ", ", T, "), got shape ", shape_of(v));
-  TORCH_CHECK_VALUE(k.size(3) == K, op, ": k must have the head dim of q (K = ", K, "), got shape ",
-                    shape_of(k));
-  TORCH_CHECK_VALUE(v.size(2) == Hkv, op, ": v must have the heads of k (Hkv = ", Hkv, "), got shape ",
-                    shape_of(v));
-  TORCH_CHECK_VALUE(Hkv >= 1 && H % Hkv == 0, op, ": the heads of k and v (", Hkv,
-                    ") must divide the heads of q (", H, ")");
-  TORCH_CHECK_VALUE(K >= 1 && K <= 256, op, ": q and k head dim K must be in [1, 256], got ", K);
-  TORCH_CHECK_VALUE(V >= 1 && V <= 256, op, ": v head dim V must be in [1, 256], got ", V);
-  check_unit_last_stride(q, op, "q");
-  check_unit_last_stride(k, op, "k");
-  check_unit_last_stride(v, op, "v");
-  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
   TORCH_CHECK_VALUE(chunk_size >= 0 && chunk_size <= 1024, op,
                     ": chunk_size must be in [1, 1024] (or None for the default), got ", chunk_size);
 
@@ -352,29 +361,11 @@ at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, a
   check_rank(q, 3, op, "q", "[B, H, K]");
   check_rank(k, 3, op, "k", "[B, Hkv, K]");
   check_rank(v, 3, op, "v", "[B, Hkv, V]");
-  check_same_device(k, q, op, "k");
-  check_same_device(v, q, op, "v");
   LinearAttnStepParams p;
-  p.dtype = dtype_of(q, op, "q");
-  TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), op,
-                    ": k and v must have the dtype of q (", q.scalar_type(), "), got ", k.scalar_type(),
-                    " and ", v.scalar_type());
+  p.dtype = check_qkv(q, k, v, scale, eps, op);
   const int64_t B = q.size(0), H = q.size(1), K = q.size(2), Hkv = k.size(1), V = v.size(2);
   TORCH_CHECK_VALUE(k.size(0) == B && v.size(0) == B, op, ": k and v must have the batch of q (", B,
                     "), got shapes ", shape_of(k), " and ", shape_of(v));
-  TORCH_CHECK_VALUE(k.size(2) == K, op, ": k must have the head dim of q (K = ", K, "), got shape ",
-                    shape_of(k));
-  TORCH_CHECK_VALUE(v.size(1) == Hkv, op, ": v must have the heads of k (", Hkv, "), got shape ",
-                    shape_of(v));
-  TORCH_CHECK_VALUE(Hkv >= 1 && H % Hkv == 0, op, ": the heads of k and v (", Hkv,
-                    ") must divide the heads of q (", H, ")");
-  TORCH_CHECK_VALUE(K >= 1 && K <= 256, op, ": q and k head dim K must be in [1, 256], got ", K);
-  TORCH_CHECK_VALUE(V >= 1 && V <= 256, op, ": v head dim V must be in [1, 256], got ", V);
-  check_unit_last_stride(q, op, "q");
-  check_unit_last_stride(k, op, "k");
-  check_unit_last_stride(v, op, "v");
-  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
 
   check_rank(S, 4, op, "state.S", "[P, Hkv, K, V]");
   check_same_device(S, q, op, "state.S");
