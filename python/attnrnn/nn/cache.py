@@ -1,0 +1,239 @@
+"""Decoding state for stacks of attention layers, shared by many sequences (batched serving).
+
+An :class:`AttentionCache` holds one *pool* per layer with ``P`` rows ("slots"), one per sequence
+being served, and a slot allocator (a free list):
+
+* :class:`LinearStatePool` (a :class:`~attnrnn.nn.LinearAttention` layer): ``S [P, Hkv, K, V]`` and
+  ``z [P, Hkv, K]`` (``None`` when the layer does not normalize), float32 (float64 for a float64
+  layer). Its size does not depend on the number of tokens seen: O(1) per sequence.
+* :class:`KVPool` (a :class:`~attnrnn.nn.SoftmaxAttention` layer): ``k [P, L, Hkv, D]``,
+  ``v [P, L, Hkv, Dv]`` and ``lengths [P]`` (tokens written per slot), ``L = max_len``: O(N).
+
+A forward with a cache takes ``state_indices [B]`` (int, distinct, each an allocated slot): batch
+entry ``b`` reads and writes row ``state_indices[b]`` of every pool, and no other row is read,
+written or copied. Adding a sequence is :meth:`AttentionCache.allocate` (zeroes only its rows),
+dropping one is :meth:`AttentionCache.free`, and reordering or regrouping the batch is just
+passing other ``state_indices``.
+
+Models build their cache (``model.make_cache(num_slots, ...)``); the cache records the layer
+specification of the model that built it so that a cache from another model is refused.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Sequence, Union
+
+import torch
+
+__all__ = ["LinearStatePool", "KVPool", "AttentionCache"]
+
+
+def _nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+class LinearStatePool:
+    """Per-layer state pool of a linear-attention layer.
+
+    Attributes:
+        S: ``[P, Hkv, K, V]`` float32 (float64 for float64 layers), K the feature dimension.
+        z: ``[P, Hkv, K]`` of the same dtype, or ``None`` when ``normalize=False``.
+    """
+
+    kind = "linear"
+
+    def __init__(self, num_slots: int, num_kv_heads: int, feature_dim: int, value_dim: int, normalize: bool,
+                 device=None, dtype=torch.float32):
+        self.S = torch.zeros(num_slots, num_kv_heads, feature_dim, value_dim, device=device, dtype=dtype)
+        self.z = torch.zeros(num_slots, num_kv_heads, feature_dim, device=device, dtype=dtype) if normalize else None
+
+    @property
+    def spec(self) -> tuple:
+        """What a layer must match: ``("linear", Hkv, K, V, normalize, dtype)``."""
+        return ("linear",) + tuple(self.S.shape[1:]) + (self.z is not None, self.S.dtype)
+
+    def describe(self) -> str:
+        z = f", z {list(self.z.shape)}" if self.z is not None else ", no z"
+        return f"linear-attention state S {list(self.S.shape)}{z} ({self.S.dtype})"
+
+    def tensors(self) -> List[torch.Tensor]:
+        return [self.S] + ([self.z] if self.z is not None else [])
+
+    def reset_(self, slots: torch.Tensor) -> None:
+        for t in self.tensors():
+            t.index_fill_(0, slots, 0)
+
+    def nbytes_per_slot(self) -> int:
+        return _nbytes(*self.tensors()) // max(self.S.shape[0], 1)
+
+
+class KVPool:
+    """Per-layer KV cache of a softmax-attention layer.
+
+    Attributes:
+        k: ``[P, L, Hkv, D]``; v: ``[P, L, Hkv, Dv]`` in the layer's dtype; L = ``max_len``.
+        lengths: ``[P]`` int64, tokens written in each slot (positions ``0 .. lengths-1`` are valid).
+    """
+
+    kind = "softmax"
+
+    def __init__(self, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int, value_dim: int,
+                 device=None, dtype=torch.float32):
+        self.k = torch.zeros(num_slots, max_len, num_kv_heads, head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros(num_slots, max_len, num_kv_heads, value_dim, device=device, dtype=dtype)
+        self.lengths = torch.zeros(num_slots, device=device, dtype=torch.long)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def spec(self) -> tuple:
+        """What a layer must match: ``("softmax", Hkv, D, Dv, dtype)`` (any max_len)."""
+        return ("softmax", self.k.shape[2], self.k.shape[3], self.v.shape[3], self.k.dtype)
+
+    def describe(self) -> str:
+        return f"softmax KV cache k {list(self.k.shape)}, v {list(self.v.shape)} ({self.k.dtype})"
+
+    def tensors(self) -> List[torch.Tensor]:
+        return [self.k, self.v, self.lengths]
+
+    def reset_(self, slots: torch.Tensor) -> None:
+        # Only the lengths need resetting: positions >= length are never read.
+        self.lengths.index_fill_(0, slots, 0)
+
+    def nbytes_per_slot(self) -> int:
+        return _nbytes(self.k, self.v) // max(self.k.shape[0], 1)
+
+
+Pool = Union[LinearStatePool, KVPool]
+
+
+class AttentionCache:
+    """Per-layer state pools of a stack of attention layers plus a slot allocator.
+
+    Args:
+        layers: one pool per layer (``LinearStatePool`` or ``KVPool``), all with the same number of
+            slots ``P``.
+        extras: optional per-slot tensors ``[P, ...]`` a model keeps next to the layer states
+            (e.g. the last token of each sequence); zeroed on allocation.
+        signature: what built the cache (a model's layer specification); models compare it.
+
+    Typical use (see :class:`attnrnn.lm.CausalLM`)::
+
+        cache = model.make_cache(num_slots=8, max_len=4096)
+        a = cache.allocate(2)                          # two new sequences -> slots tensor([0, 1])
+        logits = model(prompts, cache=cache, state_indices=a)     # prefill (chunk kernel)
+        b = cache.allocate(1)                          # a third joins
+        logits = model(next_tokens, cache=cache, state_indices=torch.cat([b, a]))  # decode step
+        cache.free(a[:1])                              # one leaves; the others are not touched
+    """
+
+    def __init__(self, layers: Sequence[Pool], extras: Optional[Dict[str, torch.Tensor]] = None,
+                 signature=None):
+        layers = list(layers)
+        if not layers:
+            raise ValueError("layers must hold at least one pool")
+        sizes = {p.tensors()[0].shape[0] for p in layers}
+        extras = dict(extras or {})
+        sizes |= {t.shape[0] for t in extras.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"every pool and extra must have the same number of slots, got {sorted(sizes)}")
+        self.layers: List[Pool] = layers
+        self.extras: Dict[str, torch.Tensor] = extras
+        self.signature = signature
+        self.num_slots: int = sizes.pop()
+        self._free: List[int] = list(range(self.num_slots))
+        self._allocated = torch.zeros(self.num_slots, dtype=torch.bool)  # CPU mirror of the allocator
+
+    # -- allocator -------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0].tensors()[0].device
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def allocated_slots(self) -> List[int]:
+        return [int(i) for i in self._allocated.nonzero().flatten()]
+
+    def allocate(self, n: int = 1) -> torch.Tensor:
+        """Takes ``n`` free slots, zeroes their rows in every pool and returns them (int64 ``[n]``
+        on the cache's device). Raises ``ValueError`` when fewer than ``n`` slots are free."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be a non-negative int, got {n!r}")
+        if n > len(self._free):
+            raise ValueError(f"n={n} slots requested but only {len(self._free)} of {self.num_slots} are free; "
+                             "free some slots or build a larger cache")
+        taken, self._free = self._free[:n], self._free[n:]
+        slots = torch.tensor(taken, dtype=torch.long, device=self.device)
+        for pool in self.layers:
+            pool.reset_(slots)
+        for t in self.extras.values():
+            t.index_fill_(0, slots, 0)
+        self._allocated[taken] = True
+        return slots
+
+    def free(self, slots: Union[torch.Tensor, Iterable[int]]) -> None:
+        """Returns ``slots`` to the free list (their rows are zeroed when allocated again)."""
+        idx = self._as_list(slots, "slots")
+        bad = [i for i in idx if not 0 <= i < self.num_slots or not self._allocated[i]]
+        if bad:
+            raise ValueError(f"slots {bad} are not allocated slots of this cache (num_slots={self.num_slots})")
+        if len(set(idx)) != len(idx):
+            raise ValueError(f"slots must be distinct, got {idx}")
+        self._allocated[idx] = False
+        self._free.extend(idx)
+
+    def nbytes_per_slot(self) -> int:
+        """Bytes of layer state one sequence occupies (all layers)."""
+        return sum(p.nbytes_per_slot() for p in self.layers)
+
+    # -- validation ------------------------------------------------------------------------------
+    @staticmethod
+    def _as_list(slots, name) -> List[int]:
+        if isinstance(slots, torch.Tensor):
+            if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"{name} must be a 1-D int32/int64 tensor, got {slots.dtype} {list(slots.shape)}")
+            return [int(i) for i in slots.tolist()]
+        return [int(i) for i in slots]
+
+    def check_indices(self, state_indices: Optional[torch.Tensor], batch: int, name: str = "state_indices"
+                      ) -> torch.Tensor:
+        """Validates ``state_indices`` for a batch of ``batch`` sequences and returns it as int64 on
+        the cache's device (``arange(batch)`` when None). Raises ``ValueError`` naming ``name``.
+
+        Under ``torch.compile`` only the shape and dtype are checked (values would need a sync)."""
+        if state_indices is None:
+            if batch > self.num_slots:
+                raise ValueError(f"{name}=None addresses slots 0..{batch - 1} but the cache has "
+                                 f"num_slots={self.num_slots}")
+            idx = torch.arange(batch, device=self.device)
+        else:
+            if not isinstance(state_indices, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(state_indices).__name__}")
+            if state_indices.dtype not in (torch.int32, torch.int64) or state_indices.shape != (batch,):
+                raise ValueError(f"{name} must be an int32/int64 tensor of shape [{batch}] (one slot per batch "
+                                 f"entry), got {state_indices.dtype} {list(state_indices.shape)}")
+            if state_indices.device != self.device:
+                raise ValueError(f"{name} is on {state_indices.device} but the cache is on {self.device}")
+            idx = state_indices.long()
+        if not torch.compiler.is_compiling():
+            values = idx.tolist()
+            out = [i for i in values if not 0 <= i < self.num_slots]
+            if out:
+                raise ValueError(f"{name} has indices {out} out of range [0, {self.num_slots}) (num_slots="
+                                 f"{self.num_slots})")
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} must be distinct, got {values}")
+            unallocated = [i for i in values if not self._allocated[i]]
+            if unallocated:
+                raise ValueError(f"{name} addresses slots {unallocated} that are not allocated; call "
+                                 "cache.allocate() first")
+        return idx
+
+    def __repr__(self) -> str:
+        pools = "\n".join(f"  [{i}] {p.describe()}" for i, p in enumerate(self.layers))
+        return (f"AttentionCache(num_slots={self.num_slots}, free={self.num_free}, "
+                f"{self.nbytes_per_slot()} bytes per slot)\n{pools}")
