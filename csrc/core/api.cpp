@@ -161,3 +161,96 @@ Status linear_attn_step(const LinearAttnStepParams& p) {
 }
 
 }  // namespace attnrnn
+
+// ---- softmax attention as an RNN --------------------------------------------------------------
+// CUDA kernels for these ops are not written yet: CUDA params return kNotImplemented (the glue
+// raises NotImplementedError naming the op), so the CUDA build needs no new files.
+#include "softmax_kernels.h"
+
+namespace attnrnn {
+
+namespace {
+
+#define ATTNRNN_SOFTMAX_REQUIRE(cond, ...) \
+  do {                                     \
+    if (!(cond)) return fail(Status::kInvalidArgument, __VA_ARGS__); \
+  } while (0)
+
+Status check_softmax_heads(int64_t batch, int64_t H, int64_t Hkv, int64_t D, int64_t Dv) {
+  ATTNRNN_SOFTMAX_REQUIRE(batch >= 0, "batch must be >= 0, got %lld", (long long)batch);
+  ATTNRNN_SOFTMAX_REQUIRE(H >= 1, "num_heads must be >= 1, got %lld", (long long)H);
+  ATTNRNN_SOFTMAX_REQUIRE(Hkv >= 1 && H % Hkv == 0, "num_kv_heads must divide num_heads (%lld), got %lld",
+                          (long long)H, (long long)Hkv);
+  ATTNRNN_SOFTMAX_REQUIRE(D >= 1 && D <= kMaxHeadDim, "head_dim must be in [1, 256], got %lld", (long long)D);
+  ATTNRNN_SOFTMAX_REQUIRE(Dv >= 1 && Dv <= kMaxHeadDim, "head_dim_v must be in [1, 256], got %lld",
+                          (long long)Dv);
+  return Status::kSuccess;
+}
+
+Status check_softmax(const SoftmaxAttnParams& p, bool backward) {
+  Status s = check_softmax_heads(p.batch, p.num_heads, p.num_kv_heads, p.head_dim, p.head_dim_v);
+  if (s != Status::kSuccess) return s;
+  ATTNRNN_SOFTMAX_REQUIRE(p.seqlen_q >= 0 && p.seqlen_k >= 0, "seqlen_q and seqlen_k must be >= 0");
+  if (p.cu_seqlens != nullptr) {
+    ATTNRNN_SOFTMAX_REQUIRE(p.batch == 1, "batch must be 1 with cu_seqlens, got %lld", (long long)p.batch);
+    ATTNRNN_SOFTMAX_REQUIRE(p.seqlen_q == p.seqlen_k, "seqlen_q (%lld) must equal seqlen_k (%lld) with cu_seqlens",
+                            (long long)p.seqlen_q, (long long)p.seqlen_k);
+    ATTNRNN_SOFTMAX_REQUIRE(p.num_seqs >= 0, "num_seqs must be >= 0, got %lld", (long long)p.num_seqs);
+  }
+  if (p.batch > 0 && p.seqlen_q > 0) {
+    ATTNRNN_SOFTMAX_REQUIRE(p.q.data != nullptr, "q must not be null");
+    ATTNRNN_SOFTMAX_REQUIRE(p.lse != nullptr, "lse must not be null");
+    ATTNRNN_SOFTMAX_REQUIRE(backward || p.o.data != nullptr, "o must not be null");
+    if (backward) {
+      ATTNRNN_SOFTMAX_REQUIRE(p.dout.data && p.out.data && p.dq.data, "dout, out and dq must not be null");
+    }
+  }
+  if (p.batch > 0 && p.seqlen_k > 0) {
+    ATTNRNN_SOFTMAX_REQUIRE(p.k.data && p.v.data, "k and v must not be null");
+    ATTNRNN_SOFTMAX_REQUIRE(!backward || (p.dk.data && p.dv.data), "dk and dv must not be null");
+  }
+  ATTNRNN_SOFTMAX_REQUIRE(p.scale == p.scale, "scale must not be NaN");
+  return Status::kSuccess;
+}
+
+Status check_softmax_step(const SoftmaxAttnStepParams& p) {
+  Status s = check_softmax_heads(p.batch, p.num_heads, p.num_kv_heads, p.head_dim, p.head_dim_v);
+  if (s != Status::kSuccess) return s;
+  ATTNRNN_SOFTMAX_REQUIRE(p.max_seqlen >= 0, "max_seqlen must be >= 0, got %lld", (long long)p.max_seqlen);
+  ATTNRNN_SOFTMAX_REQUIRE(p.split_size >= 0, "split_size must be >= 0, got %lld", (long long)p.split_size);
+  ATTNRNN_SOFTMAX_REQUIRE((p.k_new.data == nullptr) == (p.v_new.data == nullptr),
+                          "k_new and v_new must be given together");
+  if (p.batch > 0) {
+    ATTNRNN_SOFTMAX_REQUIRE(p.q.data && p.o.data && p.cache_seqlens, "q, o and cache_seqlens must not be null");
+    ATTNRNN_SOFTMAX_REQUIRE(p.max_seqlen == 0 || (p.k_cache.data && p.v_cache.data),
+                            "k_cache and v_cache must not be null");
+  }
+  ATTNRNN_SOFTMAX_REQUIRE(p.scale == p.scale, "scale must not be NaN");
+  return Status::kSuccess;
+}
+
+#undef ATTNRNN_SOFTMAX_REQUIRE
+
+template <class Params>
+Status dispatch_softmax(const Params& p, Status checked, Status (*on_cpu)(const Params&), const char* op) {
+  if (checked != Status::kSuccess) return checked;
+  switch (p.device) {
+    case Device::kCPU: return on_cpu(p);
+    case Device::kCUDA: return fail(Status::kNotImplemented, "%s has no CUDA kernel yet (CPU only)", op);
+  }
+  return fail(Status::kInvalidArgument, "unknown device %d", static_cast<int>(p.device));
+}
+
+}  // namespace
+
+Status softmax_attn_fwd(const SoftmaxAttnParams& p) {
+  return dispatch_softmax(p, check_softmax(p, false), cpu::softmax_fwd, "softmax_attn_fwd");
+}
+Status softmax_attn_bwd(const SoftmaxAttnParams& p) {
+  return dispatch_softmax(p, check_softmax(p, true), cpu::softmax_bwd, "softmax_attn_bwd");
+}
+Status softmax_attn_step(const SoftmaxAttnStepParams& p) {
+  return dispatch_softmax(p, check_softmax_step(p), cpu::softmax_step, "softmax_attn_step");
+}
+
+}  // namespace attnrnn

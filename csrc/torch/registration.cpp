@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "attnrnn/torch.h"
+#include "attnrnn/torch_softmax.h"
 
 TORCH_LIBRARY(attnrnn, m) {
   m.def(
@@ -24,6 +25,15 @@ TORCH_LIBRARY(attnrnn, m) {
   m.def(
       "step(Tensor q, Tensor k, Tensor v, Tensor(a!) S, Tensor(b!)? z, Tensor? state_indices, float scale, "
       "float eps, str feature_map, bool normalize) -> Tensor");
+  // Softmax attention as an RNN (csrc/torch/softmax_attn.cpp).
+  m.def("softmax_attn_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens, float scale, bool causal) "
+        "-> (Tensor, Tensor)");
+  m.def(
+      "softmax_attn_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor? cu_seqlens, "
+      "float scale, bool causal) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "softmax_attn_step(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? k_new, "
+      "Tensor? v_new, float scale, int split_size) -> Tensor");
 }
 
 namespace {
@@ -33,6 +43,9 @@ void register_impls(torch::Library& m) {
   m.impl("recurrent_fwd", &attnrnn::aten::recurrent_fwd);
   m.impl("recurrent_bwd", &attnrnn::aten::recurrent_bwd);
   m.impl("step", &attnrnn::aten::step);
+  m.impl("softmax_attn_fwd", &attnrnn::aten::softmax_attn_fwd);
+  m.impl("softmax_attn_bwd", &attnrnn::aten::softmax_attn_bwd);
+  m.impl("softmax_attn_step", &attnrnn::aten::softmax_attn_step);
 }
 }  // namespace
 

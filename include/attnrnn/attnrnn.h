@@ -156,3 +156,75 @@ int64_t linear_attn_workspace_bytes(const LinearAttnParams& params);
 bool built_with_cuda();
 
 }  // namespace attnrnn
+
+// ---------------------------------------------------------------------------------------------
+// Causal softmax attention as an RNN (the online-softmax recurrence). Per query i, over keys j:
+//   s_ij = scale * q_i . k_j,   m_i = max_j s_ij,   z_i = sum_j exp(s_ij - m_i),
+//   y_i = sum_j exp(s_ij - m_i) v_j,   o_i = y_i / z_i,   lse_i = m_i + log z_i,
+// computed block by block over the keys (m, y, z are rescaled as m grows), never forming Tq x Tk.
+// Causal masks align bottom-right: query i of Tq attends keys j <= i + Tk - Tq (FlashAttention's
+// rule for Tq != Tk). A query with no key (Tq > Tk, empty sequences) gets o = 0 and lse = -inf.
+//
+// Shapes (elements; unit stride on the last dimension of every view):
+//   q, o, dout, dq : [B, Tq, H, D] / [B, Tq, H, Dv]
+//   k, dk          : [B, Tk, Hkv, D]
+//   v, dv          : [B, Tk, Hkv, Dv]
+//   lse            : [B, H, Tq] contiguous, float32 (float64 for float64 inputs)
+// With cu_seqlens (B == 1, Tq == Tk) the N packed sequences are attended separately.
+namespace attnrnn {
+
+struct SoftmaxAttnParams {
+  Device device = Device::kCPU;
+  void* stream = nullptr;
+  DType dtype = DType::kFloat32;
+
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0;
+  int64_t num_heads = 0, num_kv_heads = 0;
+  int64_t head_dim = 0, head_dim_v = 0;
+
+  const void* cu_seqlens = nullptr;  // [num_seqs + 1] offsets for q and k alike (int32 or int64)
+  bool cu_seqlens_int64 = false;
+  int64_t num_seqs = 0;
+
+  ConstView q, k, v;
+  MutView o;         // forward output
+  void* lse = nullptr;  // forward output [B, H, Tq]; backward input (const)
+
+  // Backward: dout and the forward output o (for D_i = dout_i . o_i), gradients out.
+  ConstView dout, out;
+  MutView dq, dk, dv;
+
+  double scale = 1.0;
+  bool causal = true;
+
+  CpuExecutor executor;
+};
+
+// One decode token per sequence over a KV cache, split over the cache length (flash-decoding).
+//   q [B, H, D], k_new [B, Hkv, D], v_new [B, Hkv, Dv], o [B, H, Dv] (stride_t unused);
+//   k_cache [B, Lmax, Hkv, D], v_cache [B, Lmax, Hkv, Dv]; cache_seqlens int32 [B].
+// With k_new/v_new, row cache_seqlens[b] of the caches is overwritten with them and the token
+// attends over cache_seqlens[b] + 1 keys; without, over cache_seqlens[b] keys. cache_seqlens is
+// read, never updated (the caller advances it).
+struct SoftmaxAttnStepParams {
+  Device device = Device::kCPU;
+  void* stream = nullptr;
+  DType dtype = DType::kFloat32;
+
+  int64_t batch = 0, max_seqlen = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, head_dim_v = 0;
+
+  ConstView q, k_new, v_new;  // k_new.data == nullptr: nothing to append
+  MutView o, k_cache, v_cache;
+  const int32_t* cache_seqlens = nullptr;
+
+  double scale = 1.0;
+  int64_t split_size = 0;  // keys per split; 0 = the kernel's choice
+
+  CpuExecutor executor;
+};
+
+Status softmax_attn_fwd(const SoftmaxAttnParams& params);
+Status softmax_attn_bwd(const SoftmaxAttnParams& params);
+Status softmax_attn_step(const SoftmaxAttnStepParams& params);
+
+}  // namespace attnrnn

@@ -6,6 +6,7 @@ Causal linear attention in chunkwise, recurrent and single-step forms as PyTorch
 from pathlib import Path
 
 from . import reference
+from . import softmax
 from .linear_attn import (
     FEATURE_MAPS,
     LinearAttnState,

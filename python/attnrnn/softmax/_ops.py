@@ -1,0 +1,51 @@
+"""Fake kernels and autograd of the softmax-attention ops (torch.ops.attnrnn.softmax_attn_*,
+defined in csrc/torch/registration.cpp).
+
+The forward saves q, k, v, o and the log-sum-exp per query (lse, [B, H, Tq] in the accumulator
+dtype); the backward recomputes the probabilities block by block from them.
+"""
+import torch
+
+from .. import _C  # noqa: F401  (loads the operator registrations)
+
+ops = torch.ops.attnrnn
+
+
+def _acc_dtype(q):
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("attnrnn::softmax_attn_fwd")
+def _(q, k, v, cu_seqlens, scale, causal):
+    B, Tq, H, _ = q.shape
+    Dv = v.shape[3]
+    return q.new_empty((B, Tq, H, Dv)), q.new_empty((B, H, Tq), dtype=_acc_dtype(q))
+
+
+@torch.library.register_fake("attnrnn::softmax_attn_bwd")
+def _(dout, q, k, v, o, lse, cu_seqlens, scale, causal):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@torch.library.register_fake("attnrnn::softmax_attn_step")
+def _(q, k_cache, v_cache, cache_seqlens, k_new, v_new, scale, split_size):
+    return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens, scale, causal = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens)
+    ctx.options = (scale, causal)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, o, lse, cu_seqlens = ctx.saved_tensors
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    dq, dk, dv = ops.softmax_attn_bwd(dout, q, k, v, o, lse, cu_seqlens, *ctx.options)
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd("attnrnn::softmax_attn_fwd", _backward, setup_context=_setup_context)
