@@ -27,11 +27,12 @@ struct FwdScratch {
   std::vector<A> vb;  // Bk x Dv   value block
   std::vector<A> s;   // Bq x Bk   scores, then probabilities
   std::vector<A> y;   // Bq x Dv   numerators
+  std::vector<A> pv;  // Bq x Dv   P V of one key block
   std::vector<A> m, z;  // Bq     running max, denominator
 
   explicit FwdScratch(const sm::Dims& d)
       : q(kBlockQ * d.D), kb(kBlockK * d.D), kt(d.D * kBlockK), vb(kBlockK * d.Dv), s(kBlockQ * kBlockK),
-        y(kBlockQ * d.Dv), m(kBlockQ), z(kBlockQ) {}
+        y(kBlockQ * d.Dv), pv(kBlockQ * d.Dv), m(kBlockQ), z(kBlockQ) {}
 };
 
 struct Item {
@@ -78,8 +79,9 @@ void forward_block(const SoftmaxAttnParams& p, const sm::Dims& d, const Item& it
     // Update: running max, rescaled denominator and numerators; S becomes P.
     sm::online_softmax_block(w.s.data(), rows, L, [&](int64_t i) { return s.key_end(it.i0 + i) - j0; },
                              w.m.data(), w.z.data(), w.y.data(), Dv);
-    // Values: Y += P V.
-    gemm(rows, Dv, L, w.s.data(), L, int64_t(1), w.vb.data(), Dv, w.y.data(), Dv, true);
+    // Values: Y += P V (the block's product first, then one addition: short summation chains).
+    gemm(rows, Dv, L, w.s.data(), L, int64_t(1), w.vb.data(), Dv, w.pv.data(), Dv, false);
+    for (int64_t e = 0; e < rows * Dv; ++e) w.y[e] += w.pv[e];
   }
 
   // Finish: o = Y / z, lse = m + log z.

@@ -38,10 +38,11 @@ struct StepScratch {
   std::vector<A> vb;  // Bk x Dv
   std::vector<A> s;   // G x Bk
   std::vector<A> y;   // G x Dv
+  std::vector<A> pv;  // G x Dv   P V of one key block
   std::vector<A> m, z;  // G
 
   StepScratch(int64_t G, int64_t D, int64_t Dv)
-      : q(G * D), kb(kBlockK * D), kt(D * kBlockK), vb(kBlockK * Dv), s(G * kBlockK), y(G * Dv), m(G), z(G) {}
+      : q(G * D), kb(kBlockK * D), kt(D * kBlockK), vb(kBlockK * Dv), s(G * kBlockK), y(G * Dv), pv(G * Dv), m(G), z(G) {}
 };
 
 // The cache as [B, Lmax, Hkv, *] views for the shared block loads.
@@ -109,7 +110,8 @@ Status softmax_step(const SoftmaxAttnStepParams& p) {
           gemm(G, L, D, w.q.data(), D, int64_t(1), w.kt.data(), L, w.s.data(), L, false);
           sm::online_softmax_block(w.s.data(), G, L, [&](int64_t) { return L; }, w.m.data(), w.z.data(),
                                    w.y.data(), Dv);
-          gemm(G, Dv, L, w.s.data(), L, int64_t(1), w.vb.data(), Dv, w.y.data(), Dv, true);
+          gemm(G, Dv, L, w.s.data(), L, int64_t(1), w.vb.data(), Dv, w.pv.data(), Dv, false);
+          for (int64_t e = 0; e < G * Dv; ++e) w.y[e] += w.pv[e];
         }
         for (int64_t hh = 0; hh < G; ++hh) {
           A* dst = &part[((b * H + g * G + hh) * S + sp) * stride];

@@ -1,0 +1,183 @@
+"""attnrnn.softmax: streaming (online-softmax) attention forward/backward and the split-KV decode
+step, judged by the numerics rules (FlashAttention's: <= 2x forward / 3x backward of PyTorch's
+error in the test dtype, against a float64 reference on the same rounded inputs)."""
+import pytest
+import torch
+
+from numerics import assert_close_by_rules
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+_dt_id = lambda d: str(d).split(".")[-1]  # noqa: E731
+
+
+def _mk(shape, dtype, device, g, mult=1.0):
+    return (torch.randn(*shape, generator=g) * mult).to(device=device, dtype=dtype)
+
+
+def _qkv(B, Tq, Tk, H, Hkv, D, Dv, dtype, device, seed=0, mult=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (_mk((B, Tq, H, D), dtype, device, g, mult), _mk((B, Tk, Hkv, D), dtype, device, g),
+            _mk((B, Tk, Hkv, Dv), dtype, device, g))
+
+
+def _run(fn, q, k, v, do, **kw):
+    """(o, dq, dk, dv) of fn on fresh leaves."""
+    xs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    o = fn(*xs, **kw)
+    if isinstance(o, tuple):
+        o = o[0]
+    o.backward(do)
+    return [o.detach()] + [x.grad for x in xs]
+
+
+# (B, Tq, Tk, H, Hkv, D, Dv, score multiplier)
+SHAPES = [
+    (2, 1, 239, 4, 2, 64, 64, 1.0),
+    (1, 3, 799, 4, 1, 60, 48, 1.0),
+    (1, 1023, 1024, 2, 1, 64, 64, 1.0),
+    (2, 130, 130, 4, 2, 32, 40, 5.0),   # scores x5: large logits, peaked softmax
+    (1, 200, 77, 2, 2, 16, 16, 1.0),    # Tq > Tk: the first 123 queries see no key
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dt_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:7])) + f"-s{s[7]:g}")
+def test_forward_backward_by_rules(ar, ref, device, shape, dtype):
+    B, Tq, Tk, H, Hkv, D, Dv, mult = shape
+    q, k, v = _qkv(B, Tq, Tk, H, Hkv, D, Dv, dtype, device, mult=mult)
+    g = torch.Generator().manual_seed(1)
+    do = _mk((B, Tq, H, Dv), dtype, device, g)
+    ours = _run(ar.softmax.streaming_attn, q, k, v, do)
+    pt = _run(ar.softmax.reference_attn, q, k, v, do)
+    r64 = _run(ar.softmax.reference_attn, q.double(), k.double(), v.double(), do.double())
+    for name, x, x_pt, x_ref in zip(("o", "dq", "dk", "dv"), ours, pt, r64):
+        assert_close_by_rules(x, x_pt, x_ref, kind="fwd" if name == "o" else "bwd", dtype=dtype, name=name)
+    o, lse = ar.softmax.streaming_attn(q, k, v, return_lse=True)
+    assert lse.dtype == torch.float32 and lse.shape == (B, H, Tq)
+    _, lse_ref = ar.softmax.reference_attn(q.double(), k.double(), v.double())
+    seen = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), seen)
+    torch.testing.assert_close(lse[seen].double(), lse_ref[seen], rtol=1e-5, atol=1e-5)
+
+
+def test_float64_stays_float64(ar, device):
+    q, k, v = _qkv(2, 70, 90, 4, 2, 24, 20, torch.float64, device)
+    o, lse = ar.softmax.streaming_attn(q, k, v, return_lse=True)
+    ro, rl = ar.softmax.reference_attn(q, k, v)
+    assert o.dtype == lse.dtype == torch.float64
+    torch.testing.assert_close(o, ro, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, rl, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_noncausal_and_noncontiguous(ar, device, causal):
+    g = torch.Generator().manual_seed(2)
+    qkv = _mk((2, 100, 3 * 4, 32), torch.float32, device, g)  # q, k, v as strided slices of one tensor
+    q, k, v = qkv[:, :, :4], qkv[:, 50:, 4:6], qkv[:, 50:, 8:10]
+    do = _mk((2, 100, 4, 32), torch.float32, device, g).transpose(0, 1).contiguous().transpose(0, 1)
+    ours = _run(ar.softmax.streaming_attn, q, k, v, do, causal=causal)
+    r64 = _run(ar.softmax.reference_attn, q.double(), k.double(), v.double(), do.double(), causal=causal)
+    for x, r in zip(ours, r64):
+        torch.testing.assert_close(x.double(), r, rtol=1e-4, atol=2e-5)
+
+
+def test_fully_masked_rows_and_empty_sequences(ar, device):
+    # Tq > Tk: queries 0..5 see no key; Tk = 0: nobody sees anything.
+    for Tq, Tk in ((10, 4), (5, 0)):
+        q, k, v = _qkv(2, Tq, Tk, 2, 1, 8, 8, torch.float32, device)
+        xs = [x.clone().requires_grad_() for x in (q, k, v)]
+        o, lse = ar.softmax.streaming_attn(*xs, return_lse=True)
+        o.sum().backward()
+        dead = Tq - Tk
+        assert torch.equal(o[:, :dead], torch.zeros_like(o[:, :dead]))
+        assert torch.isneginf(lse[..., :dead]).all() and torch.isfinite(lse[..., dead:]).all()
+        for x in [o] + [x.grad for x in xs]:
+            assert torch.isfinite(x).all()
+        assert torch.equal(xs[0].grad[:, :dead], torch.zeros_like(xs[0].grad[:, :dead]))
+    # varlen with empty and 1-token sequences
+    cu = torch.tensor([0, 0, 1, 1, 40, 41, 90], dtype=torch.int32, device=device)
+    q, k, v = _qkv(1, 90, 90, 4, 2, 16, 12, torch.float32, device)
+    g = torch.Generator().manual_seed(4)
+    do = _mk((1, 90, 4, 12), torch.float32, device, g)
+    ours = _run(ar.softmax.streaming_attn, q, k, v, do, cu_seqlens=cu)
+    r64 = _run(ar.softmax.reference_attn, q.double(), k.double(), v.double(), do.double(), cu_seqlens=cu.cpu())
+    for x, r in zip(ours, r64):
+        torch.testing.assert_close(x.double(), r, rtol=1e-4, atol=2e-5)
+    # B = 0
+    q, k, v = _qkv(0, 5, 5, 2, 2, 8, 8, torch.float32, device)
+    assert ar.softmax.streaming_attn(q, k, v).shape == (0, 5, 2, 8)
+
+
+def test_reproducible(ar, device):
+    q, k, v = _qkv(1, 300, 300, 4, 2, 32, 32, torch.float32, device)
+    do = torch.randn(1, 300, 4, 32, device=device)
+    a = _run(ar.softmax.streaming_attn, q, k, v, do)
+    b = _run(ar.softmax.streaming_attn, q, k, v, do)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+# ---- decode step ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dt_id)
+@pytest.mark.parametrize("split_size", [None, 64, 100])
+def test_decode_equals_last_row_of_forward(ar, device, dtype, split_size):
+    B, T, H, Hkv, D, Dv, Lmax = 3, 700, 4, 2, 64, 32, 800
+    q, k, v = _qkv(B, T, T, H, Hkv, D, Dv, dtype, device)
+    o_full = ar.softmax.streaming_attn(q, k, v)
+    k_cache = torch.zeros(B, Lmax, Hkv, D, dtype=dtype, device=device)
+    v_cache = torch.zeros(B, Lmax, Hkv, Dv, dtype=dtype, device=device)
+    k_cache[:, :T - 1], v_cache[:, :T - 1] = k[:, :T - 1], v[:, :T - 1]
+    lens = torch.full((B,), T - 1, dtype=torch.int32, device=device)
+    o = ar.softmax.softmax_attn_step(q[:, -1], k_cache, v_cache, lens, k_new=k[:, -1], v_new=v[:, -1],
+                                     split_size=split_size)
+    assert torch.equal(lens, torch.full_like(lens, T - 1)), "cache_seqlens must not be updated"
+    assert torch.equal(k_cache[:, T - 1], k[:, -1]) and torch.equal(v_cache[:, T - 1], v[:, -1])
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-2)
+    torch.testing.assert_close(o, o_full[:, -1], **tol)
+    # without k_new: the cache already holds the token
+    o2 = ar.softmax.softmax_attn_step(q[:, -1:], k_cache, v_cache, lens + 1, split_size=split_size)
+    torch.testing.assert_close(o2[:, 0], o, rtol=0, atol=0)
+
+
+def test_decode_loop_ragged_lengths_gqa(ar, device):
+    """Token-by-token decoding with different lengths per sequence equals the forward of each."""
+    B, H, Hkv, D, Lmax = 3, 6, 2, 16, 64
+    starts = [0, 5, 30]
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (_mk((B, Lmax, h, D), torch.float32, device, g) for h in (H, Hkv, Hkv))
+    k_cache, v_cache = torch.zeros_like(k), torch.zeros_like(v)
+    for b, s in enumerate(starts):
+        k_cache[b, :s], v_cache[b, :s] = k[b, :s], v[b, :s]
+    lens = torch.tensor(starts, dtype=torch.int32, device=device)
+    outs = []
+    for t in range(20):
+        idx = (lens.long() + 0).tolist()
+        qt = torch.stack([q[b, i] for b, i in enumerate(idx)])
+        kt = torch.stack([k[b, i] for b, i in enumerate(idx)])
+        vt = torch.stack([v[b, i] for b, i in enumerate(idx)])
+        outs.append(ar.softmax.softmax_attn_step(qt, k_cache, v_cache, lens, k_new=kt, v_new=vt, split_size=8))
+        lens += 1
+    for b, s in enumerate(starts):
+        full = ar.softmax.streaming_attn(q[b:b + 1, :s + 20], k[b:b + 1, :s + 20], v[b:b + 1, :s + 20])
+        torch.testing.assert_close(torch.stack([o[b] for o in outs]), full[0, s:], rtol=1e-5, atol=1e-6)
+
+
+def test_decode_empty_cache_and_out_of_range(ar, device):
+    q = torch.randn(2, 2, 8, device=device)
+    kc, vc = torch.randn(2, 4, 1, 8, device=device), torch.randn(2, 4, 1, 8, device=device)
+    o = ar.softmax.softmax_attn_step(q, kc, vc, torch.zeros(2, dtype=torch.int32, device=device))
+    assert torch.equal(o, torch.zeros_like(o))
+    if device == "cpu":
+        before = kc.clone()
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            ar.softmax.softmax_attn_step(q, kc, vc, torch.tensor([1, 4], dtype=torch.int32), k_new=kc[:, 0] + 1,
+                                         v_new=vc[:, 0])
+        assert torch.equal(kc, before), "nothing may be written when a length is out of range"
+
+
+def test_decode_refuses_grad(ar, device):
+    q = torch.randn(1, 2, 8, device=device, requires_grad=True)
+    kc, vc = torch.randn(1, 4, 1, 8, device=device), torch.randn(1, 4, 1, 8, device=device)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        ar.softmax.softmax_attn_step(q, kc, vc, torch.ones(1, dtype=torch.int32, device=device))
