@@ -181,3 +181,159 @@ def test_decode_refuses_grad(ar, device):
     kc, vc = torch.randn(1, 4, 1, 8, device=device), torch.randn(1, 4, 1, 8, device=device)
     with pytest.raises(RuntimeError, match="not differentiable"):
         ar.softmax.softmax_attn_step(q, kc, vc, torch.ones(1, dtype=torch.int32, device=device))
+
+
+# ---- torch.library: opcheck, gradcheck, compile; errors; CUDA ----------------------------------
+
+def _opcheck_samples(device):
+    q, k, v = _qkv(2, 9, 13, 4, 2, 8, 6, torch.float32, device)
+    cu = torch.tensor([0, 4, 4, 11], dtype=torch.int32, device=device)
+    qv, kv, vv = _qkv(1, 11, 11, 2, 1, 8, 8, torch.bfloat16, device)
+    fwd = [(q, k, v, None, 0.3, True), (q, k, v, None, 0.3, False), (qv, kv, vv, cu, 0.35, True)]
+    return fwd
+
+
+def test_opcheck(ar, device):
+    ops = torch.ops.attnrnn
+    for args in _opcheck_samples(device):
+        args = tuple(a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                     else a for a in args)
+        torch.library.opcheck(ops.softmax_attn_fwd, args)
+        q, k, v, cu, scale, causal = args
+        o, lse = ops.softmax_attn_fwd(q.detach(), k.detach(), v.detach(), cu, scale, causal)
+        do = torch.randn_like(o)
+        torch.library.opcheck(ops.softmax_attn_bwd, (do, q.detach(), k.detach(), v.detach(), o, lse, cu, scale, causal))
+    q = torch.randn(2, 4, 8, device=device)
+    kc, vc = torch.randn(2, 10, 2, 8, device=device), torch.randn(2, 10, 2, 8, device=device)
+    lens = torch.tensor([3, 7], dtype=torch.int32, device=device)
+    kn, vn = torch.randn(2, 2, 8, device=device), torch.randn(2, 2, 8, device=device)
+    torch.library.opcheck(ops.softmax_attn_step, (q, kc, vc, lens, kn, vn, 0.3, 4))
+    torch.library.opcheck(ops.softmax_attn_step, (q, kc, vc, lens, None, None, 0.3, 0))
+
+
+@pytest.mark.parametrize("case", [
+    dict(B=2, Tq=5, Tk=5, H=2, Hkv=2, causal=True),
+    dict(B=1, Tq=3, Tk=7, H=4, Hkv=2, causal=True),     # bottom-right, GQA
+    dict(B=1, Tq=6, Tk=3, H=2, Hkv=1, causal=True),     # fully masked rows
+    dict(B=2, Tq=4, Tk=6, H=2, Hkv=1, causal=False),
+    dict(B=1, Tq=9, Tk=9, H=2, Hkv=1, causal=True, cu=[0, 3, 3, 4, 9]),
+], ids=["square", "gqa-br", "masked", "full", "varlen"])
+def test_gradcheck(ar, device, case):
+    q, k, v = _qkv(case["B"], case["Tq"], case["Tk"], case["H"], case["Hkv"], 5, 3, torch.float64, device)
+    cu = torch.tensor(case["cu"], device=device) if "cu" in case else None
+    xs = [x.requires_grad_() for x in (q, k, v)]
+    f = lambda q, k, v: ar.softmax.streaming_attn(q, k, v, causal=case["causal"], cu_seqlens=cu)  # noqa: E731
+    assert torch.autograd.gradcheck(f, xs, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_compile_fullgraph(ar, device):
+    import torch._dynamo
+    torch._dynamo.reset()
+
+    def train(q, k, v):
+        o, lse = ar.softmax.streaming_attn(q, k, v, return_lse=True)
+        return o.square().sum() + lse.detach().sum(), o
+
+    def grads(f):
+        xs = [x.detach().clone().requires_grad_() for x in _qkv(2, 33, 40, 4, 2, 16, 8, torch.float32, device)]
+        loss, o = f(*xs)
+        loss.backward()
+        return [o.detach()] + [x.grad for x in xs]
+
+    for a, b in zip(grads(torch.compile(train, fullgraph=True, backend="aot_eager")), grads(train)):
+        torch.testing.assert_close(a, b)
+
+    def decode(q, kc, vc, lens, kn, vn):
+        return ar.softmax.softmax_attn_step(q, kc, vc, lens, k_new=kn, v_new=vn) * 2
+
+    q = torch.randn(2, 4, 8, device=device)
+    kc, vc = torch.randn(2, 10, 2, 8, device=device), torch.randn(2, 10, 2, 8, device=device)
+    lens = torch.tensor([3, 7], dtype=torch.int32, device=device)
+    kn, vn = torch.randn(2, 2, 8, device=device), torch.randn(2, 2, 8, device=device)
+    kc_e, vc_e = kc.clone(), vc.clone()
+    o_e = decode(q, kc_e, vc_e, lens, kn, vn)
+    o_c = torch.compile(decode, fullgraph=True, backend="aot_eager")(q, kc, vc, lens, kn, vn)
+    torch.testing.assert_close(o_c, o_e)
+    torch.testing.assert_close(kc, kc_e)  # the in-place append survives compilation
+    torch.testing.assert_close(vc, vc_e)
+
+
+def _fwd_inputs(device):
+    return dict(q=torch.randn(2, 8, 4, 16, device=device), k=torch.randn(2, 8, 2, 16, device=device),
+                v=torch.randn(2, 8, 2, 8, device=device))
+
+
+def _step_inputs(device):
+    return dict(q=torch.randn(2, 4, 16, device=device), k_cache=torch.randn(2, 10, 2, 16, device=device),
+                v_cache=torch.randn(2, 10, 2, 8, device=device),
+                cache_seqlens=torch.tensor([3, 5], dtype=torch.int32, device=device))
+
+
+def _with(base, op, **changes):
+    def build(device):
+        d = base(device)
+        for key, val in changes.items():
+            d[key] = val(d, device) if callable(val) else val
+        return op, d
+    return build
+
+
+_F, _S = "streaming_attn", "softmax_attn_step"
+BAD = [
+    ("q-int", _with(_fwd_inputs, _F, q=lambda d, dev: d["q"].int()), r"\bq\b"),
+    ("k-dtype-mix", _with(_fwd_inputs, _F, k=lambda d, dev: d["k"].double()), r"\bk\b"),
+    ("v-dtype-mix", _with(_fwd_inputs, _F, v=lambda d, dev: d["v"].half()), r"\bv\b"),
+    ("q-rank-3", _with(_fwd_inputs, _F, q=lambda d, dev: d["q"][0]), r"\bq\b"),
+    ("k-batch", _with(_fwd_inputs, _F, k=lambda d, dev: d["k"][:1]), r"\bk\b"),
+    ("v-length", _with(_fwd_inputs, _F, v=lambda d, dev: d["v"][:, :5]), r"\bv\b"),
+    ("k-headdim", _with(_fwd_inputs, _F, k=lambda d, dev: d["k"][..., :8]), r"\bk\b"),
+    ("heads-not-divisible", _with(_fwd_inputs, _F, k=lambda d, dev: torch.randn(2, 8, 3, 16, device=dev),
+                                  v=lambda d, dev: torch.randn(2, 8, 3, 8, device=dev)), r"\bk\b"),
+    ("headdim-300", _with(_fwd_inputs, _F, v=lambda d, dev: torch.randn(2, 8, 2, 300, device=dev)), r"\bv\b"),
+    ("q-stride", _with(_fwd_inputs, _F, q=lambda d, dev: torch.randn(2, 8, 4, 32, device=dev)[..., ::2]), r"\bq\b"),
+    ("cu-batch-2", _with(_fwd_inputs, _F, cu_seqlens=lambda d, dev: torch.tensor([0, 8], device=dev)),
+     r"cu_seqlens"),
+    ("cu-float", _with(_fwd_inputs, _F, q=lambda d, dev: d["q"][:1], k=lambda d, dev: d["k"][:1],
+                       v=lambda d, dev: d["v"][:1], cu_seqlens=lambda d, dev: torch.tensor([0., 8.], device=dev)),
+     r"cu_seqlens"),
+    ("cu-end", _with(_fwd_inputs, _F, q=lambda d, dev: d["q"][:1], k=lambda d, dev: d["k"][:1],
+                     v=lambda d, dev: d["v"][:1], cu_seqlens=lambda d, dev: torch.tensor([0, 3, 7], device=dev)),
+     r"cu_seqlens"),
+    ("scale-nan", _with(_fwd_inputs, _F, scale=float("nan")), r"scale"),
+    ("step-q-rank", _with(_step_inputs, _S, q=lambda d, dev: d["q"][0]), r"\bq\b"),
+    ("step-k_cache-batch", _with(_step_inputs, _S, k_cache=lambda d, dev: d["k_cache"][:1]), r"k_cache"),
+    ("step-v_cache-length", _with(_step_inputs, _S, v_cache=lambda d, dev: d["v_cache"][:, :4]), r"v_cache"),
+    ("step-cache-dtype", _with(_step_inputs, _S, v_cache=lambda d, dev: d["v_cache"].double()), r"v_cache"),
+    ("step-lens-int64", _with(_step_inputs, _S, cache_seqlens=lambda d, dev: d["cache_seqlens"].long()),
+     r"cache_seqlens"),
+    ("step-lens-shape", _with(_step_inputs, _S, cache_seqlens=lambda d, dev: d["cache_seqlens"][:1]),
+     r"cache_seqlens"),
+    ("step-k_new-shape", _with(_step_inputs, _S, k_new=lambda d, dev: torch.randn(2, 2, 8, device=dev),
+                               v_new=lambda d, dev: torch.randn(2, 2, 8, device=dev)), r"k_new"),
+    ("step-k_new-alone", _with(_step_inputs, _S, k_new=lambda d, dev: torch.randn(2, 2, 16, device=dev)), r"v_new"),
+    ("step-split", _with(_step_inputs, _S, split_size=0), r"split_size"),
+]
+
+
+@pytest.mark.parametrize("build", [b for _, b, _ in BAD], ids=[i for i, _, _ in BAD])
+def test_bad_inputs_name_the_argument(ar, device, build):
+    pattern = dict((b, p) for _, b, p in BAD)[build]
+    op, d = build(device)
+    fn = getattr(ar.softmax, op)
+    if op == _F:
+        q, k, v = d.pop("q"), d.pop("k"), d.pop("v")
+        args = (q, k, v)
+    else:
+        args = (d.pop("q"), d.pop("k_cache"), d.pop("v_cache"), d.pop("cache_seqlens"))
+    with pytest.raises((ValueError, RuntimeError), match=pattern):
+        fn(*args, **d)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_raises_not_implemented(ar):
+    q, k, v = _qkv(1, 4, 4, 2, 2, 8, 8, torch.float32, "cuda")
+    with pytest.raises(NotImplementedError, match="streaming_attn"):
+        ar.softmax.streaming_attn(q, k, v)
+    kc, vc = k.clone(), v.clone()
+    with pytest.raises(NotImplementedError, match="softmax_attn_step"):
+        ar.softmax.softmax_attn_step(q[:, 0], kc, vc, torch.ones(1, dtype=torch.int32, device="cuda"))
