@@ -167,9 +167,20 @@ def train(device, seconds=60.0, max_steps=None, batch=64, seed=0):
     limit = f"{seconds:.0f} s" if max_steps is None else f"{max_steps} steps"
     print(f"\n2) training a {len(model.blocks)}-layer linear-attention LM ({nparams / 1e3:.0f}k parameters, "
           f"elu1, chunk kernel) on associative recall\n   ({task.n} key-value pairs, then {task.m} queries; "
-          f"batch {batch}; {limit} on {device})")
+          f"batch {batch}; {limit} on {device}{', 1 thread' if torch.device(device).type == 'cpu' else ''})")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     gen = torch.Generator().manual_seed(seed + 1)
+    threads = torch.get_num_threads()
+    if torch.device(device).type == "cpu":
+        # The model is tiny: one thread avoids fork/join stalls, which dominate on a busy machine.
+        torch.set_num_threads(1)
+    try:
+        return _train_loop(model, opt, task, gen, device, seconds, max_steps, batch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_loop(model, opt, task, gen, device, seconds, max_steps, batch):
     bar, t0, step, loss, acc, avg = Progress(seconds), time.perf_counter(), 0, float("nan"), 0.0, None
     while True:
         elapsed = time.perf_counter() - t0
