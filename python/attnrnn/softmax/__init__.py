@@ -9,5 +9,7 @@
 - :func:`reference_attn`: the same math in plain PyTorch.
 """
 from .attn import reference_attn, softmax_attn_step, streaming_attn
+from .decoder import KVCacheDecoder, NoCacheDecoder, TinyTransformer
 
-__all__ = ["streaming_attn", "softmax_attn_step", "reference_attn"]
+__all__ = ["streaming_attn", "softmax_attn_step", "reference_attn", "TinyTransformer", "KVCacheDecoder",
+           "NoCacheDecoder"]

@@ -1,0 +1,183 @@
+"""Softmax attention as a quadratic-complexity RNN, made runnable: a small pre-norm transformer
+decoded with a KV cache (:class:`KVCacheDecoder`) and with no KV cache at all
+(:class:`NoCacheDecoder`).
+
+A softmax-attention layer is an RNN whose state is its whole KV cache. Dropping the cache means
+recomputing it: layer l's keys and values at a block of positions need layer l-1's outputs there,
+which need layer l-1's keys and values at every earlier position, and so on down to the token ids.
+:class:`NoCacheDecoder` does exactly that, block by block and layer by layer, combining the
+per-block partial attentions with the online-softmax merge of (o, lse). Memory holds O(layers x
+block) activations whatever the length (only the ids grow); time for one token is
+O(T^N / block^(N-2)) for N layers: linear for N = 1, super-quadratic per token for N >= 2.
+"""
+from typing import List, Optional
+
+import torch
+from torch import nn
+
+from .attn import softmax_attn_step, streaming_attn
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + Attn(LN(x)), then h + MLP(LN(h)); GQA attention."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, mlp_mult: int = 4):
+        super().__init__()
+        assert dim % n_heads == 0 and n_heads % n_kv_heads == 0
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, dim // n_heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_mult * dim), nn.GELU(), nn.Linear(mlp_mult * dim, dim))
+
+    def q(self, x):  # [B, T, dim] -> [B, T, H, Dh]
+        return self.wq(self.ln1(x)).unflatten(-1, (self.n_heads, self.head_dim))
+
+    def kv(self, x):  # -> [B, T, Hkv, Dh] twice
+        h = self.ln1(x)
+        return (self.wk(h).unflatten(-1, (self.n_kv_heads, self.head_dim)),
+                self.wv(h).unflatten(-1, (self.n_kv_heads, self.head_dim)))
+
+    def finish(self, x, o):  # residual + output projection + MLP; o [B, T, H, Dh]
+        h = x + self.wo(o.flatten(-2))
+        return h + self.mlp(self.ln2(h))
+
+    def forward(self, x):
+        k, v = self.kv(x)
+        return self.finish(x, streaming_attn(self.q(x), k, v, causal=True))
+
+
+class TinyTransformer(nn.Module):
+    """Embedding (tokens + learned positions), N causal softmax-attention blocks, LM head."""
+
+    def __init__(self, vocab: int = 256, dim: int = 64, n_layers: int = 2, n_heads: int = 4,
+                 n_kv_heads: Optional[int] = None, max_len: int = 4096, mlp_mult: int = 4):
+        super().__init__()
+        self.max_len = max_len
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(max_len, dim)
+        self.layers = nn.ModuleList(Block(dim, n_heads, n_kv_heads or n_heads, mlp_mult) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def embed(self, ids, start: int = 0):  # ids [B, T] at positions start..start+T-1
+        pos = torch.arange(start, start + ids.shape[1], device=ids.device)
+        return self.tok(ids) + self.pos(pos)
+
+    def logits(self, x):
+        return self.head(self.norm(x))
+
+    def forward(self, ids):  # [B, T] -> logits [B, T, vocab]
+        x = self.embed(ids)
+        for blk in self.layers:
+            x = blk(x)
+        return self.logits(x)
+
+
+class KVCacheDecoder:
+    """Decoding with a KV cache per layer ([B, max_len, Hkv, Dh]; softmax_attn_step appends)."""
+
+    def __init__(self, model: TinyTransformer, batch: int, max_len: Optional[int] = None):
+        self.model = model
+        p = next(model.parameters())
+        L = max_len or model.max_len
+        self.k = [torch.zeros(batch, L, b.n_kv_heads, b.head_dim, device=p.device, dtype=p.dtype) for b in model.layers]
+        self.v = [torch.zeros_like(c) for c in self.k]
+        self.lens = torch.zeros(batch, dtype=torch.int32, device=p.device)
+
+    @torch.no_grad()
+    def prefill(self, ids):  # -> logits of the next token [B, vocab]
+        m, T = self.model, ids.shape[1]
+        x = m.embed(ids)
+        for i, blk in enumerate(m.layers):
+            k, v = blk.kv(x)
+            self.k[i][:, :T], self.v[i][:, :T] = k, v
+            x = blk.finish(x, streaming_attn(blk.q(x), k, v, causal=True))
+        self.lens.fill_(T)
+        return m.logits(x[:, -1])
+
+    @torch.no_grad()
+    def step(self, token):  # token [B] -> logits of the next token [B, vocab]
+        m = self.model
+        x = m.embed(token[:, None], int(self.lens[0]))[:, 0]  # equal lengths in the batch
+        for i, blk in enumerate(m.layers):
+            k, v = blk.kv(x)
+            o = softmax_attn_step(blk.q(x), self.k[i], self.v[i], self.lens, k_new=k, v_new=v)
+            x = blk.finish(x, o)
+        self.lens += 1
+        return m.logits(x)
+
+    def cache_bytes(self) -> int:
+        return sum(c.numel() * c.element_size() for c in self.k + self.v)
+
+
+def _merge(o_acc, lse_acc, o, lse):
+    """Online-softmax merge of two partial attentions over disjoint key sets: (o, lse) with
+    o [B, T, H, Dv], lse [B, H, T]. lse_acc must be finite (the diagonal block goes first)."""
+    lse_new = torch.logaddexp(lse_acc, lse)
+    a = torch.exp(lse_acc - lse_new).transpose(1, 2).unsqueeze(-1)
+    b = torch.exp(lse - lse_new).transpose(1, 2).unsqueeze(-1)
+    return o_acc * a.to(o_acc.dtype) + o * b.to(o.dtype), lse_new
+
+
+class NoCacheDecoder:
+    """Next-token logits from the token ids alone, keeping no KV cache.
+
+    ``next_logits(ids)`` computes the last layer's output at the last position. Layer l's output
+    at a block of positions [s, e) (e a block end or the sequence end) is computed by
+    ``_hidden(l, s, e)``: its queries come from layer l-1's output at [s, e); its keys and values
+    are streamed over blocks of ``block_size`` positions, each recomputed from layer l-1's output
+    on that block, itself recomputed recursively (never stored); per-block attentions (o, lse)
+    are merged by the online-softmax rule. Live memory: O(n_layers x block_size x dim).
+    """
+
+    def __init__(self, model: TinyTransformer, block_size: int = 64):
+        self.model = model
+        self.block = int(block_size)
+        self.calls = 0  # _hidden evaluations (for the cost model)
+
+    def _hidden(self, level: int, ids, start: int, end: int):
+        """Output of layer `level` (0 = embeddings) at positions [start, end), end - 1 in the
+        block [j0, end) with j0 = (end - 1) // block * block and start >= j0."""
+        self.calls += 1
+        m = self.model
+        if level == 0:
+            return m.embed(ids[:, start:end], start)
+        blk = m.layers[level - 1]
+        j0 = (end - 1) // self.block * self.block
+        x_diag = self._hidden(level - 1, ids, j0, end)  # layer level-1 at the diagonal block
+        x = x_diag[:, start - j0:]
+        q = blk.q(x)
+        # Diagonal block first (every query sees at least its own key): bottom-right causal.
+        k, v = blk.kv(x_diag)
+        o, lse = streaming_attn(q, k, v, causal=True, return_lse=True)
+        del x_diag, k, v
+        # Earlier blocks, fully visible: keys and values recomputed from the ids.
+        for b0 in range(0, j0, self.block):
+            xb = self._hidden(level - 1, ids, b0, b0 + self.block)
+            k, v = blk.kv(xb)
+            del xb
+            ob, lb = streaming_attn(q, k, v, causal=False, return_lse=True)
+            o, lse = _merge(o, lse, ob, lb)
+            del k, v, ob, lb
+        return blk.finish(x, o)
+
+    @torch.no_grad()
+    def next_logits(self, ids):  # ids [B, T] (T >= 1) -> logits [B, vocab]
+        T = ids.shape[1]
+        x = self._hidden(len(self.model.layers), ids, T - 1, T)
+        return self.model.logits(x[:, -1])
+
+    @torch.no_grad()
+    def generate(self, ids, steps: int) -> torch.Tensor:
+        """Greedy decoding: appends `steps` tokens to ids [B, T]."""
+        for _ in range(steps):
+            nxt = self.next_logits(ids).argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt], 1)
+        return ids
+
+
+__all__: List[str] = ["Block", "TinyTransformer", "KVCacheDecoder", "NoCacheDecoder"]
