@@ -18,18 +18,25 @@ Schemes (``scheme=``):
   prefix it needs; the backward is the adjoint, one reduce-scatter of the suffix gradients. The
   collective is started asynchronously and, with ``combine="local"``, overlaps with the
   intra-segment attention (forward) and its backward.
+  The segment's own state is computed first (phi(k)^T v, one [K, T] x [T, V] product per kv
+  head, in the state dtype) so that the exchange can start before the attention.
 * ``"chain"``: the serial chain: rank r receives in_r from r-1 and sends in_r + c_r to r+1
   (R - 1 hops); the final state is broadcast from the last rank. The backward runs the chain in
   reverse (plus an all-reduce of the final-state gradients). Kept to measure against.
 
 Combining the incoming state with the segment (``combine=``):
 
-* ``"local"`` (default): while the exchange is in flight, compute the segment's numerator
+* ``"initial_state"`` (default): wait, then run chunk_linear_attn(q, k, v, initial_state=in_r).
+  The least work; the exchange is exposed (one all-gather of a state: tens of microseconds on
+  NVLink, a few ms on gloo), both forward and backward.
+* ``"local"``: while the exchange is in flight, compute the segment's numerator
   n = chunk_linear_attn(q, k, v, normalize=False) with zero initial state; afterwards
   o = (n + q' S_in) / (q' . (z_in + cumsum_t k') + eps) (or n + q' S_in), with q' = scale * phi(q).
-  The only work after the wait is one [T, K] x [K, V] product per head.
-* ``"initial_state"``: wait, then run chunk_linear_attn(q, k, v, initial_state=in_r). Less total
-  work, nothing to overlap with the exchange.
+  The exchange is hidden behind the segment's attention, forward and backward (the gradient of
+  S_in is q'^T do, known before the segment's backward runs), but the correction costs extra
+  passes over [T, H, K] and [T, H, V] in the state dtype (+60% forward, +20% forward+backward on
+  the CPU kernels): worth it only when the exchange is slower than that (many ranks, across
+  nodes).
 
 See docs/context_parallel.md for the cost model and measurements.
 """
@@ -369,7 +376,7 @@ def context_parallel_linear_attn(
     output_final_state: bool = False,
     chunk_size: Optional[int] = None,
     scheme: str = "allgather",
-    combine: str = "local",
+    combine: str = "initial_state",
     validate: bool = True,
 ) -> Tuple[torch.Tensor, Optional[LinearAttnState]]:
     """Causal linear attention over a sequence split along T across the ranks of ``group``.
@@ -391,9 +398,9 @@ def context_parallel_linear_attn(
             that reach it on each rank (the global loss is the sum of the ranks' losses).
         scheme: "allgather" (one all-gather forward, one reduce-scatter backward) or "chain"
             (serial send/recv over the ranks), see the module docstring.
-        combine: "local" (the segment's attention runs while the state is in flight, then a
-            correction q' S_in) or "initial_state" (chunk_linear_attn with the incoming state
-            after the exchange).
+        combine: "initial_state" (chunk_linear_attn with the incoming state after the exchange)
+            or "local" (the segment's attention runs while the state is in flight, then a
+            correction q' S_in), see the module docstring.
         validate: all-gather a small description of every rank's arguments first, so that a
             mismatch raises the same clear error on every rank instead of hanging or computing
             garbage. Costs one tiny collective (and a device-to-host copy on CUDA) per call.
