@@ -5,8 +5,7 @@ Causal linear attention in chunkwise, recurrent and single-step forms as PyTorch
 """
 from pathlib import Path
 
-from . import reference
-from . import softmax
+from . import distributed, reference, softmax
 from .linear_attn import (
     FEATURE_MAPS,
     LinearAttnState,
@@ -28,5 +27,7 @@ __all__ = [
     "recurrent_linear_attn",
     "linear_attn_step",
     "reference",
+    "softmax",
+    "distributed",
     "cmake_prefix_path",
 ]
