@@ -15,6 +15,7 @@ Run: python -m attnrnn.demo [--quick] [--device cpu|cuda] [--out DIR] [--train-s
 (uses CUDA when a GPU is present and attnrnn's CUDA ops work, otherwise the CPU; no network).
 """
 import argparse
+import contextlib
 import math
 import os
 import statistics
@@ -153,6 +154,19 @@ class Progress:
             self.next_line = math.floor(frac * 10 + 1) / 10
 
 
+@contextlib.contextmanager
+def _one_cpu_thread(device):
+    """On the CPU, runs the block on one thread: the work here is small, and thread fork/join
+    stalls (on a machine shared with other jobs) would otherwise dominate the timings."""
+    threads = torch.get_num_threads()
+    if torch.device(device).type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def make_model(device):
     cfg = LMConfig(vocab_size=RecallTask.VOCAB, hidden_size=64, num_layers=2, num_heads=4, layer_types="linear",
                    feature_map="elu1")
@@ -170,14 +184,8 @@ def train(device, seconds=60.0, max_steps=None, batch=64, seed=0):
           f"batch {batch}; {limit} on {device}{', 1 thread' if torch.device(device).type == 'cpu' else ''})")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     gen = torch.Generator().manual_seed(seed + 1)
-    threads = torch.get_num_threads()
-    if torch.device(device).type == "cpu":
-        # The model is tiny: one thread avoids fork/join stalls, which dominate on a busy machine.
-        torch.set_num_threads(1)
-    try:
+    with _one_cpu_thread(device):  # the model is tiny
         return _train_loop(model, opt, task, gen, device, seconds, max_steps, batch)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _train_loop(model, opt, task, gen, device, seconds, max_steps, batch):
@@ -244,8 +252,14 @@ def _fill_kv(layer, cache, slot, x):
 
 
 def decode_cost(device, contexts, steps=20, hidden=512, heads=8, head_dim=64, seed=0):
+    cpu = torch.device(device).type == "cpu"
     print(f"\n4) decoding cost per token against context length on {device} (one sequence, one layer: "
-          f"hidden {hidden}, {heads} heads x {head_dim}, fp32)")
+          f"hidden {hidden}, {heads} heads x {head_dim}, fp32{', 1 thread' if cpu else ''})")
+    with _one_cpu_thread(device):
+        return _decode_cost(device, contexts, steps, hidden, heads, head_dim, seed)
+
+
+def _decode_cost(device, contexts, steps, hidden, heads, head_dim, seed):
     torch.manual_seed(seed)
     lin = LinearAttention(hidden, heads, head_dim=head_dim, feature_map="elu1").to(device).eval()
     smx = SoftmaxAttention(hidden, heads, head_dim=head_dim).to(device).eval()
