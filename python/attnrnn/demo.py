@@ -229,9 +229,10 @@ def generate(model, task, device, batch=64, show=3, seed=7):
     correct = (ans == expect) & known
     for b in range(min(show, batch)):
         marks = " ".join(f"{task.text(qs[b, i:i + 1])}->{task.text(ans[b, i:i + 1])}"
-                         f"{'' if correct[b, i] else '(x)'}" for i in range(qs.shape[1]))
+                         f"{'' if correct[b, i] else '(x)' if known[b, i] else '(?)'}" for i in range(qs.shape[1]))
         print(f"   pairs: {task.text(seq[b, :2 * task.n])}")
         print(f"   generated: {marks}")
+    print("   (x): wrong value; (?): the model queried a key that is not in the prompt")
     print(f"   {int(known.sum())} of {qs.numel()} generated queries name a key of the prompt; answers correct: "
           f"{correct.sum().item() / max(int(known.sum()), 1) * 100:.1f}%")
 
