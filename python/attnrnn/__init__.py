@@ -1,11 +1,13 @@
 """attnrnn: attention viewed as an RNN.
 
 Causal linear attention in chunkwise, recurrent and single-step forms as PyTorch ops with CPU
-(and CUDA) kernels; `attnrnn.reference` holds the same math in plain PyTorch.
+and CUDA kernels; `attnrnn.reference` holds the same math in plain PyTorch. `attnrnn.nn` has the
+layers and the decoding cache, `attnrnn.lm` a small causal LM, `attnrnn.softmax` softmax
+attention as an RNN, `attnrnn.distributed` context parallelism over torch.distributed.
 """
 from pathlib import Path
 
-from . import distributed, reference, softmax
+from . import distributed, lm, nn, reference, softmax
 from .linear_attn import (
     FEATURE_MAPS,
     LinearAttnState,
@@ -29,5 +31,7 @@ __all__ = [
     "reference",
     "softmax",
     "distributed",
+    "nn",
+    "lm",
     "cmake_prefix_path",
 ]
