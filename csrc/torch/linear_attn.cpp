@@ -17,34 +17,13 @@
 
 #include "attnrnn/attnrnn.h"
 #include "attnrnn/torch.h"
+#include "checks.h"
 
 namespace attnrnn::aten {
 
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
-
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.sizes();
-  return os.str();
-}
-
-DType dtype_of(const at::Tensor& t, const char* op, const char* name) {
-  switch (t.scalar_type()) {
-    case at::kDouble: return DType::kFloat64;
-    case at::kFloat: return DType::kFloat32;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    default:
-      TORCH_CHECK_VALUE(false, op, ": ", name,
-                        " must be float64, float32, float16 or bfloat16, got ", t.scalar_type());
-  }
-}
-
-at::ScalarType state_scalar_type(const at::Tensor& q) {
-  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
+using namespace detail;
 
 FeatureMap parse_feature_map(std::string_view name, const char* op) {
   if (name == "identity") return FeatureMap::kIdentity;
@@ -52,26 +31,6 @@ FeatureMap parse_feature_map(std::string_view name, const char* op) {
   if (name == "relu") return FeatureMap::kRelu;
   TORCH_CHECK_VALUE(false, op, ": feature_map must be 'identity', 'elu1' or 'relu', got '",
                     std::string(name), "'");
-}
-
-void check_same_device(const at::Tensor& t, const at::Tensor& q, const char* op, const char* name) {
-  TORCH_CHECK_VALUE(t.device() == q.device(), op, ": ", name, " must be on the device of q (",
-                    q.device(), "), got ", t.device());
-}
-
-void check_rank(const at::Tensor& t, int64_t rank, const char* op, const char* name, const char* layout) {
-  TORCH_CHECK_VALUE(t.dim() == rank, op, ": ", name, " must be a ", rank, "-D tensor ", layout,
-                    ", got shape ", shape_of(t));
-}
-
-void check_unit_last_stride(const at::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK_VALUE(t.size(-1) <= 1 || t.stride(-1) == 1, op, ": ", name,
-                    " must have unit stride in its last dimension, got strides ", t.strides());
-}
-
-void check_exact_shape(const at::Tensor& t, at::IntArrayRef expected, const char* op, const char* name) {
-  TORCH_CHECK_VALUE(t.sizes() == expected, op, ": ", name, " must have shape ", expected, ", got ",
-                    t.sizes());
 }
 
 // A state tensor (S or z, or their gradients): on q's device, state dtype, the given shape.
@@ -83,39 +42,6 @@ at::Tensor checked_state(const at::Tensor& t, const at::Tensor& q, at::IntArrayR
                     t.scalar_type());
   check_exact_shape(t, shape, op, name);
   return t.contiguous();
-}
-
-ConstView const_view(const at::Tensor& t) {
-  return ConstView{t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
-}
-MutView mut_view(const at::Tensor& t) { return MutView{t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)}; }
-
-void* mut_data_or_null(const at::Tensor& t) { return t.numel() > 0 ? t.data_ptr() : nullptr; }
-
-template <class Params>
-void set_device(Params& p, const at::Tensor& q) {
-  // The library's own thread pool, sized like torch's intra-op pool (torch.set_num_threads).
-  // at::parallel_for is not used: with torch's OpenMP backend its loop is a header template
-  // that runs serially unless this library were compiled with torch's exact OpenMP runtime.
-  p.executor.num_threads = at::get_num_threads();
-  if (q.is_cuda()) {
-    p.device = Device::kCUDA;
-#ifdef ATTNRNN_TORCH_CUDA
-    p.stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
-#endif
-  } else {
-    TORCH_CHECK_VALUE(q.is_cpu(), "attnrnn: tensors must be on CPU or CUDA, got ", q.device());
-    p.device = Device::kCPU;
-  }
-}
-
-void check_status(Status status, const char* op) {
-  if (status == Status::kSuccess) return;
-  const std::string detail = last_error_message();
-  TORCH_CHECK_VALUE(status != Status::kInvalidArgument, op, ": ", detail);
-  TORCH_CHECK_NOT_IMPLEMENTED(status != Status::kNotImplemented && status != Status::kNotCompiled, op,
-                              ": ", detail);
-  TORCH_CHECK(false, op, ": ", status_string(status), ": ", detail);
 }
 
 // q [..., H, K], k [..., Hkv, K], v [..., Hkv, V] of one op: devices, dtypes, heads, head dims,
@@ -153,20 +79,6 @@ struct SequenceArgs {
   int64_t num_states = 0;                       // N
 };
 
-void check_cu_seqlens_values(const at::Tensor& cu, int64_t seqlen, const char* op) {
-  if (!cu.is_cpu()) return;  // device values are not read back: that would synchronize
-  const at::Tensor values = cu.to(at::kLong);
-  const int64_t* c = values.data_ptr<int64_t>();
-  const int64_t n = values.numel();
-  TORCH_CHECK_VALUE(c[0] == 0, op, ": cu_seqlens must start at 0, got ", c[0]);
-  TORCH_CHECK_VALUE(c[n - 1] == seqlen, op, ": cu_seqlens must end at the sequence length T = ", seqlen,
-                    ", got ", c[n - 1]);
-  for (int64_t i = 1; i < n; ++i) {
-    TORCH_CHECK_VALUE(c[i] >= c[i - 1], op, ": cu_seqlens must be non-decreasing, got cu_seqlens[", i,
-                      "] = ", c[i], " < cu_seqlens[", i - 1, "] = ", c[i - 1]);
-  }
-}
-
 SequenceArgs sequence_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const OptTensor& initial_S, const OptTensor& initial_z, const OptTensor& cu_seqlens,
                            double scale, double eps, std::string_view feature_map, bool normalize,
@@ -188,15 +100,8 @@ SequenceArgs sequence_args(const at::Tensor& q, const at::Tensor& k, const at::T
 
   a.num_states = B;
   if (cu_seqlens.has_value()) {
-    const at::Tensor& cu = *cu_seqlens;
-    check_same_device(cu, q, op, "cu_seqlens");
-    TORCH_CHECK_VALUE(cu.scalar_type() == at::kInt || cu.scalar_type() == at::kLong, op,
-                      ": cu_seqlens must be int32 or int64, got ", cu.scalar_type());
-    TORCH_CHECK_VALUE(cu.dim() == 1 && cu.numel() >= 1, op,
-                      ": cu_seqlens must be a 1-D tensor [N + 1], got shape ", shape_of(cu));
-    TORCH_CHECK_VALUE(B == 1, op, ": q, k and v must have batch size 1 with cu_seqlens, got B = ", B);
-    check_cu_seqlens_values(cu, T, op);
-    a.cu_seqlens = cu.contiguous();
+    a.cu_seqlens = detail::checked_cu_seqlens(*cu_seqlens, q, T, op);
+    const at::Tensor& cu = a.cu_seqlens;
     a.num_states = cu.numel() - 1;
     p.cu_seqlens = a.cu_seqlens.data_ptr();
     p.cu_seqlens_int64 = cu.scalar_type() == at::kLong;

@@ -50,8 +50,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .linear_attn import (FEATURE_MAPS, FeatureMapArg, LinearAttnState, StateArg, _scale,
-                          chunk_linear_attn)
+from ._args import resolve_scale as _scale
+from .linear_attn import FEATURE_MAPS, FeatureMapArg, LinearAttnState, StateArg, chunk_linear_attn
 
 __all__ = ["context_parallel_linear_attn", "exchange_bytes", "SCHEMES", "COMBINES"]
 

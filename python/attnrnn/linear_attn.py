@@ -14,6 +14,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 
 from ._ops import ops
+from ._args import check_tensor as _check_tensor, resolve_scale as _scale
 
 FEATURE_MAPS = ("identity", "elu1", "relu")
 FeatureMapArg = Union[None, str, Callable[[torch.Tensor], torch.Tensor]]
@@ -29,11 +30,6 @@ class LinearAttnState(NamedTuple):
 StateArg = Union[None, LinearAttnState, Tuple[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
 
 
-def _check_tensor(x, name):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-
-
 def _feature_map(q, k, feature_map):
     """Applies a callable feature map in Python; returns (q, k, the fused map's name)."""
     if feature_map is None:
@@ -45,14 +41,6 @@ def _feature_map(q, k, feature_map):
     if callable(feature_map):
         return feature_map(q), feature_map(k), "identity"
     raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, a callable or None, got {feature_map!r}")
-
-
-def _scale(scale, head_dim):
-    if scale is None:
-        return head_dim ** -0.5 if head_dim > 0 else 1.0
-    if isinstance(scale, torch.Tensor):
-        raise TypeError("scale must be a Python number, got a tensor")
-    return float(scale)
 
 
 def _split_state(state, normalize, name):

@@ -12,19 +12,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from ._ops import ops
-
-
-def _check_tensor(x, name):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-
-
-def _scale(scale, head_dim):
-    if scale is None:
-        return head_dim ** -0.5 if head_dim > 0 else 1.0
-    if isinstance(scale, torch.Tensor):
-        raise TypeError("scale must be a Python number, got a tensor")
-    return float(scale)
+from .._args import check_tensor as _check_tensor, resolve_scale as _scale
 
 
 def streaming_attn(
