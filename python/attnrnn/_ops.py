@@ -1,7 +1,11 @@
 """Fake kernels and autograd of the torch.ops.attnrnn operators (defined in csrc/torch).
 
-Forward ops save their inputs (and the output with normalize); the backward kernels recompute
-the states they need.
+Forward ops save their inputs (and, on CUDA with normalize, the output); the backward kernels
+recompute the states they need. The backward ops are differentiable once (create_graph=True
+records them) but have no backward of their own: differentiating through them raises.
+
+The fake kernels check what they index (ranks of q, k, v; cu_seqlens) and raise the ValueError
+of the real op, so that tracing fails as eager does instead of with an unpacking error.
 """
 import torch
 
@@ -18,7 +22,29 @@ def _num_states(q, cu_seqlens):
     return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
 
-def _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state):
+_LAYOUTS = {"q": "[B, T, H, K]", "k": "[B, T, Hkv, K]", "v": "[B, T, Hkv, V]"}
+
+
+def fake_check_rank(t, rank, op, name, layout):
+    """The ValueError of csrc/torch/checks.h check_rank, for fake kernels."""
+    if t.dim() != rank:
+        raise ValueError(f"{op}: {name} must be a {rank}-D tensor {layout}, got shape {list(t.shape)}")
+
+
+def fake_check_cu_seqlens(cu_seqlens, op):
+    """The shape part of csrc/torch/checks.h checked_cu_seqlens, for fake kernels."""
+    if cu_seqlens is not None and (cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1):
+        raise ValueError(f"{op}: cu_seqlens must be a 1-D tensor [N + 1], got shape {list(cu_seqlens.shape)}")
+
+
+def _check_sequence_args(q, k, v, cu_seqlens, op):
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        fake_check_rank(t, 4, op, name, _LAYOUTS[name])
+    fake_check_cu_seqlens(cu_seqlens, op)
+
+
+def _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state, op):
+    _check_sequence_args(q, k, v, cu_seqlens, op)
     B, T, H, K = q.shape
     Hkv, V = v.shape[2], v.shape[3]
     N = _num_states(q, cu_seqlens)
@@ -29,7 +55,8 @@ def _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_f
     return o, S, z
 
 
-def _fake_backward(q, k, v, initial_S, initial_z):
+def _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, op):
+    _check_sequence_args(q, k, v, cu_seqlens, op)
     dt = _state_dtype(q)
     dS0 = initial_S.new_empty(initial_S.shape) if initial_S is not None else q.new_empty((0,), dtype=dt)
     dz0 = initial_z.new_empty(initial_z.shape) if initial_z is not None else q.new_empty((0,), dtype=dt)
@@ -39,35 +66,43 @@ def _fake_backward(q, k, v, initial_S, initial_z):
 @torch.library.register_fake("attnrnn::chunk_fwd")
 def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
       chunk_size):
-    return _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state)
+    return _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state,
+                         "chunk_linear_attn")
 
 
 @torch.library.register_fake("attnrnn::recurrent_fwd")
 def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize, output_final_state):
-    return _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state)
+    return _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state,
+                         "recurrent_linear_attn")
 
 
 @torch.library.register_fake("attnrnn::chunk_bwd")
 def _(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
       normalize, chunk_size):
-    return _fake_backward(q, k, v, initial_S, initial_z)
+    return _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, "chunk_linear_attn backward")
 
 
 @torch.library.register_fake("attnrnn::recurrent_bwd")
 def _(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
       normalize):
-    return _fake_backward(q, k, v, initial_S, initial_z)
+    return _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, "recurrent_linear_attn backward")
 
 
 @torch.library.register_fake("attnrnn::step")
 def _(q, k, v, S, z, state_indices, scale, eps, feature_map, normalize):
+    op = "linear_attn_step"
+    fake_check_rank(q, 3, op, "q", "[B, H, K]")
+    fake_check_rank(k, 3, op, "k", "[B, Hkv, K]")
+    fake_check_rank(v, 3, op, "v", "[B, Hkv, V]")
     return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize = inputs[:10]
-    # The output is kept only with normalize: the CUDA backward needs do . o for the denominator.
-    ctx.save_for_backward(q, k, v, initial_S, initial_z, cu_seqlens, output[0] if normalize else None)
+    # The output is kept only for the CUDA backward with normalize (it needs do . o for the
+    # denominator); the CPU backward recomputes everything, so o stays free for in-place use.
+    keep_o = normalize and q.is_cuda
+    ctx.save_for_backward(q, k, v, initial_S, initial_z, cu_seqlens, output[0] if keep_o else None)
     ctx.options = (scale, eps, feature_map, normalize)
     ctx.chunk_size = inputs[11] if len(inputs) > 11 else None
 
@@ -94,3 +129,20 @@ def _backward(ctx, dout, d_final_S, d_final_z):
 
 torch.library.register_autograd("attnrnn::chunk_fwd", _backward, setup_context=_setup_context)
 torch.library.register_autograd("attnrnn::recurrent_fwd", _backward, setup_context=_setup_context)
+
+
+def no_double_backward(op_name):
+    """A backward for a backward op: the first-order gradient may be built with
+    create_graph=True, but differentiating it again raises instead of silently treating the op's
+    results as constants (which would give zero second-order gradients)."""
+
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            f"double backward of {op_name} is not supported (the gradient of the attnrnn backward op is "
+            "not implemented); differentiate the reference implementation for higher-order gradients")
+
+    return backward
+
+
+for _name in ("attnrnn::chunk_bwd", "attnrnn::recurrent_bwd"):
+    torch.library.register_autograd(_name, no_double_backward(_name))

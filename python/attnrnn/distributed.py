@@ -174,7 +174,7 @@ def _local_check(rank, q, k, v, scale, normalize, feature_map, eps, initial_stat
         fm = len(FEATURE_MAPS) if callable(feature_map) else FEATURE_MAPS.index(feature_map or "identity")
         meta.update(B=B, T=T, H=H, Hkv=Hkv, K=K, V=V, dtype=_DTYPES.index(q.dtype),
                     device_type=0 if q.device.type == "cpu" else 1, normalize=int(bool(normalize)),
-                    feature_map=fm, scale=_float_bits(-1.0 if scale is None else scale),
+                    feature_map=fm, scale=_float_bits(_scale(scale, K)),
                     eps=_float_bits(eps), has_initial_state=int(initial_state is not None),
                     output_final_state=int(bool(output_final_state)), scheme=SCHEMES.index(scheme),
                     combine=COMBINES.index(combine), chunk_size=chunk_size or 0,
@@ -222,8 +222,8 @@ def _check_group(metas, rank, local_error):
         vals = [m[field] for m in metas]
         if len(set(vals)) > 1:
             if field in ("scale", "eps"):
+                # scale is compared resolved (None -> K ** -0.5), so None and an equal number agree.
                 vals = [struct.unpack("<d", struct.pack("<q", x))[0] for x in vals]
-                vals = ["default" if (field == "scale" and x == -1.0) else x for x in vals]
             elif field == "dtype":
                 vals = [str(_DTYPES[x]).replace("torch.", "") for x in vals]
             raise ValueError(f"{arg}: the {what} must be the same on every rank of the group, got "

@@ -185,6 +185,13 @@ def linear_attn_step(
     if state_indices is not None:
         _check_tensor(state_indices, "state_indices")
     S, z = _split_state(state, normalize, "state")
+    if torch.is_grad_enabled():
+        for x, name in ((S, "state.S"), (z, "state.z")):
+            if x is not None and x.requires_grad:
+                raise RuntimeError(
+                    f"linear_attn_step updates the state in place and is not differentiable, but {name} "
+                    "requires grad; pass a detached state (or run under torch.no_grad()), or use "
+                    "recurrent_linear_attn or chunk_linear_attn with initial_state for gradients")
     q, k, fm = _feature_map(q, k, feature_map)
     o = ops.step(q, k, v, S, z, state_indices, _scale(scale, q.shape[-1]), float(eps), fm, bool(normalize))
     return o.unsqueeze(1) if four_d else o

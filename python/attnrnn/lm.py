@@ -100,6 +100,11 @@ class _Block(nn.Module):
         return h + self.mlp(self.norm2(h))
 
 
+def _check_top_k(top_k):
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+
+
 class CausalLM(nn.Module):
     """Token ids ``[B, T]`` -> logits ``[B, T, vocab_size]``.
 
@@ -200,7 +205,9 @@ class CausalLM(nn.Module):
     def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: Optional[int] = None,
                generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """logits ``[B, vocab]`` -> token ids ``[B]``: greedy when ``temperature <= 0``, else
-        sampling from ``softmax(logits / temperature)`` restricted to the ``top_k`` best."""
+        sampling from ``softmax(logits / temperature)`` restricted to the ``top_k`` best
+        (``top_k``: None or an int >= 1)."""
+        _check_top_k(top_k)
         if temperature <= 0:
             return logits.argmax(dim=-1)
         logits = logits.float() / temperature
@@ -214,8 +221,14 @@ class CausalLM(nn.Module):
                  top_k: Optional[int] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """Continues ``input_ids [B, T0]`` (T0 >= 1) by ``max_new_tokens``; returns ``[B, T0 + n]``.
 
+        ``temperature`` (>= 0; 0 is greedy) and ``top_k`` (None or an int >= 1) are as in
+        :meth:`sample`; they are checked before the prompt runs.
+
         The prompt is prefilled in one call (chunk kernel), then each new token is one decoding
         step (step kernel: O(1) state per linear layer)."""
+        _check_top_k(top_k)
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:
             raise ValueError(f"input_ids must be [B, T0] with T0 >= 1, got {list(input_ids.shape)}")
         B, T0 = input_ids.shape

@@ -13,7 +13,6 @@ import datetime
 import json
 import multiprocessing
 import os
-import socket
 import tempfile
 import traceback
 
@@ -67,7 +66,7 @@ CASES = {
 
 ERROR_CASES = ("mismatched_B", "mismatched_K", "mismatched_dtype", "local_dtype_mix",
                "initial_state_on_rank1", "initial_state_dtype", "bad_scheme", "mismatched_normalize",
-               "bad_heads", "group_not_member")
+               "bad_heads", "group_not_member", "scale_default_vs_explicit", "scale_explicit_mismatch")
 
 
 # ---- what every rank runs ----------------------------------------------------------------------------
@@ -182,6 +181,10 @@ def _run_error_case(name, rank, world):
         kw["scheme"] = "ring"
     if name == "mismatched_normalize" and rank == 0:
         kw["normalize"] = False
+    if name == "scale_default_vs_explicit" and rank != 0:  # None on rank 0 is the same K ** -0.5
+        kw["scale"] = K ** -0.5
+    if name == "scale_explicit_mismatch":  # -1.0 (once taken for "default") against None
+        kw["scale"] = -1.0 if rank == 0 else None
     q, k, v = torch.randn(B, T, H, K, dtype=dt), torch.randn(B, T, Hkv, K, dtype=dt), torch.randn(B, T, Hkv, V, dtype=dt)
     if name == "local_dtype_mix" and rank == 0:
         k = k.double()
@@ -204,11 +207,11 @@ def _run_error_case(name, rank, world):
     return (None, "")
 
 
-def _worker(rank, world, port, out_path):
+def _worker(rank, world, init_file, out_path):
     results = {}
     try:
         torch.set_num_threads(1)
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                              world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S))
         for name, c in CASES.items():
             try:
@@ -227,12 +230,6 @@ def _worker(rank, world, port, out_path):
         json.dump(results, f)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
 def group_results(request):
     """Spawns one gloo group of `world` ranks that runs every case; returns per-rank results."""
@@ -240,8 +237,9 @@ def group_results(request):
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         paths = [os.path.join(tmp, f"rank{r}.json") for r in range(world)]
-        port = _free_port()
-        procs = [ctx.Process(target=_worker, args=(r, world, port, paths[r])) for r in range(world)]
+        # A file store in the private temp dir: no free-port race (bind, close, another process takes it).
+        init_file = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_worker, args=(r, world, init_file, paths[r])) for r in range(world)]
         for p in procs:
             p.start()
         for p in procs:
@@ -283,6 +281,8 @@ def _expected_error(name, rank, world):
         "mismatched_normalize": ("ValueError", "normalize: the value must be the same on every rank"),
         "bad_heads": ("ValueError", "must be equal and divide q's heads") if rank == world - 1 else other,
         "group_not_member": (None, "") if rank == 0 else ("ValueError", "group: this process"),
+        "scale_default_vs_explicit": (None, ""),
+        "scale_explicit_mismatch": ("ValueError", "scale: the value must be the same on every rank"),
     }[name]
 
 

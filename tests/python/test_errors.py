@@ -161,6 +161,12 @@ STEP_CASES = [
     ("step-feature_map-unknown", _step_set(feature_map="softmax"), r"feature_map", None),
     ("step-requires-grad", _step_set(q=lambda dev, d: d["q"].requires_grad_()),
      r"grad|differentiable", None),
+    ("step-state-S-requires-grad",
+     _step_set(state=lambda dev, d: (d["state"][0].requires_grad_(), d["state"][1])),
+     r"state\.S requires grad", None),
+    ("step-state-z-requires-grad",
+     _step_set(state=lambda dev, d: (d["state"][0], d["state"][1].requires_grad_())),
+     r"state\.z requires grad", None),
 ]
 
 
@@ -192,3 +198,62 @@ def test_bad_input_raises_naming_the_argument(ar, device, api, build, regex, req
             ar.linear_attn_step(d["q"], d["k"], d["v"], d["state"], **d["kw"])
         else:
             getattr(ar, f"{api}_linear_attn")(d["q"], d["k"], d["v"], **d["kw"])
+
+
+def test_step_state_requiring_grad_is_accepted_under_no_grad(ar, device):
+    d = _step_valid(device)
+    S, z = (x.requires_grad_() for x in d["state"])
+    with torch.no_grad():
+        ar.linear_attn_step(d["q"], d["k"], d["v"], (S, z), **d["kw"])
+
+
+# ---- fake kernels (torch.compile / FakeTensorMode) raise the real op's named ValueError -----------
+
+def _seq_args(q_shape=(2, 8, 4, 16), v_shape=(2, 8, 2, 8), cu=None):
+    q, k = torch.randn(*q_shape), torch.randn(2, 8, 2, 16)
+    return (q, k, torch.randn(*v_shape), None, None, cu, 0.25, 1e-6, "elu1", True, True)
+
+
+def _bwd_args(q_shape=(2, 8, 4, 16), cu=None):
+    q = torch.randn(*q_shape)
+    return (torch.randn(2, 8, 4, 8), None, None, None, q, torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 8),
+            None, None, cu, 0.25, 1e-6, "elu1", True)
+
+
+def _empty_cu():
+    return torch.zeros(0, dtype=torch.int32)
+
+
+# (id, op name, builder of the arguments, regex naming the argument)
+FAKE_CASES = [
+    ("chunk_fwd-q-3d", "chunk_fwd", lambda: _seq_args(q_shape=(2, 8, 64)) + (0,), r"\bq must be a 4-D tensor"),
+    ("chunk_fwd-v-3d", "chunk_fwd", lambda: _seq_args(v_shape=(2, 8, 16)) + (0,), r"\bv must be a 4-D tensor"),
+    ("chunk_fwd-cu_seqlens-empty", "chunk_fwd", lambda: _seq_args(cu=_empty_cu()) + (0,),
+     r"cu_seqlens must be a 1-D tensor \[N \+ 1\]"),
+    ("chunk_fwd-cu_seqlens-2d", "chunk_fwd",
+     lambda: _seq_args(cu=torch.zeros(1, 2, dtype=torch.int32)) + (0,), r"cu_seqlens must be a 1-D tensor"),
+    ("recurrent_fwd-q-3d", "recurrent_fwd", lambda: _seq_args(q_shape=(2, 8, 64)), r"\bq must be a 4-D tensor"),
+    ("recurrent_fwd-cu_seqlens-empty", "recurrent_fwd", lambda: _seq_args(cu=_empty_cu()),
+     r"cu_seqlens must be a 1-D tensor"),
+    ("chunk_bwd-q-3d", "chunk_bwd", lambda: _bwd_args(q_shape=(2, 8, 64)) + (0,), r"\bq must be a 4-D tensor"),
+    ("recurrent_bwd-cu_seqlens-empty", "recurrent_bwd", lambda: _bwd_args(cu=_empty_cu()),
+     r"cu_seqlens must be a 1-D tensor"),
+    ("step-q-2d", "step",
+     lambda: (torch.randn(3, 64), torch.randn(3, 2, 16), torch.randn(3, 2, 8), torch.zeros(4, 2, 16, 8),
+              torch.ones(4, 2, 16), None, 0.25, 1e-6, "elu1", True),
+     r"\bq must be a 3-D tensor"),
+]
+
+
+@pytest.mark.parametrize("name,build,regex", [pytest.param(*c[1:], id=c[0]) for c in FAKE_CASES])
+def test_fake_kernel_raises_the_named_error_of_the_real_op(ar, name, build, regex):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = getattr(torch.ops.attnrnn, name)
+    with pytest.raises(ValueError, match=regex) as eager:
+        op(*build())
+    with FakeTensorMode():
+        args = build()
+        with pytest.raises(ValueError, match=regex) as fake:
+            op(*args)
+    assert str(fake.value) in str(eager.value)

@@ -52,3 +52,51 @@ def test_gradcheck_python_callable_feature_map(ar, op, device):
 
     xs = [inp[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
     assert gradcheck(f, xs, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+# ---- second order: the backward ops have no backward of their own -----------------------------------
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+def test_double_backward_raises_instead_of_silent_zero(ar, op, device):
+    """create_graph=True builds the first-order gradient; differentiating it again must raise
+    (the chunk_bwd/recurrent_bwd ops have no formula) rather than return zeros."""
+    case = Case(1, 6, 2, 4, torch.float64, feature_map="elu1")
+    inp = make_inputs(case, device)
+    q = inp["q"].detach().clone().requires_grad_()
+    o, _ = getattr(ar, f"{op}_linear_attn")(q, inp["k"], inp["v"], **case.kwargs())
+    (dq,) = torch.autograd.grad(o.pow(2).sum(), q, create_graph=True)
+    assert dq.requires_grad
+    with pytest.raises(NotImplementedError, match=f"double backward of attnrnn::{op}_bwd"):
+        torch.autograd.grad(dq.sum(), q)
+
+
+def test_softmax_double_backward_raises_instead_of_silent_zero(ar, device):
+    q, k, v = (torch.randn(1, 5, 2, 4, dtype=torch.float64, device=device) for _ in range(3))
+    q.requires_grad_()
+    o = ar.softmax.streaming_attn(q, k, v)
+    (dq,) = torch.autograd.grad(o.pow(2).sum(), q, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward of attnrnn::softmax_attn_bwd"):
+        torch.autograd.grad(dq.sum(), q)
+
+
+# ---- what the forward saves -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+def test_cpu_backward_allows_in_place_on_output_with_normalize(ar, ref, op):
+    """Only the CUDA backward reads o: on the CPU the output is not saved, so modifying it in
+    place is allowed and the gradient is that of the modified graph."""
+    case = Case(2, 9, 2, 4, torch.float64, V=3, feature_map="elu1", normalize=True)
+    inp = make_inputs(case, "cpu")
+    W = torch.randn(2, 9, 2, 3, dtype=torch.float64)
+    grads = []
+    for impl, in_place in ((ar, True), (ref, False)):
+        q, k, v = (inp[n].detach().clone().requires_grad_() for n in "qkv")
+        o, _ = getattr(impl, f"{op}_linear_attn")(q, k, v, **case.kwargs())
+        if in_place:
+            o.mul_(2)  # would fail the saved-tensor version check if o were saved
+        else:
+            o = o * 2
+        (o * W).sum().backward()
+        grads.append((q.grad, k.grad, v.grad))
+    for name, x, y in zip("qkv", *grads):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12, msg=lambda m: f"d{name}: {m}")

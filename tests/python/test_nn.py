@@ -153,6 +153,25 @@ def test_sample_top_k_stays_within_top_k(lm):
     assert set(tok.tolist()) == {1, 2}
 
 
+@pytest.mark.parametrize("top_k", [0, -1, 2.0, True], ids=["zero", "negative", "float", "bool"])
+def test_generate_rejects_bad_top_k(lm, top_k):
+    model = _model(lm, "linear")
+    with pytest.raises(ValueError, match="top_k"):
+        model.generate(torch.randint(0, 23, (1, 3)), max_new_tokens=2, temperature=1.0, top_k=top_k)
+
+
+@pytest.mark.parametrize("temperature", [-0.5, float("nan")], ids=["negative", "nan"])
+def test_generate_rejects_bad_temperature(lm, temperature):
+    model = _model(lm, "linear")
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(torch.randint(0, 23, (1, 3)), max_new_tokens=2, temperature=temperature)
+
+
+def test_sample_rejects_top_k_zero(lm):
+    with pytest.raises(ValueError, match="top_k"):
+        lm.CausalLM.sample(torch.randn(2, 5), temperature=1.0, top_k=0)
+
+
 # -- batched serving -------------------------------------------------------------------------------
 def test_batched_serving_add_drop_reorder_equals_independent(lm, device):
     """Sequences join, leave and change batch order; each one's logits equal its own full forward."""

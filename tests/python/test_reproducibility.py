@@ -40,3 +40,28 @@ def test_step_bitwise_reproducible(ar, device):
         outs.append((o, S, z))
     for x, y in zip(*outs):
         assert torch.equal(x, y)
+
+
+THREAD_CASES = [
+    Case(2, 300, 4, 64, torch.float32, Hkv=2, initial_state=True, final_state=True),
+    # few (sequence, head) items: the CPU cuts the sequence into segments to use the threads
+    Case(1, 4096, 1, 32, torch.float32, initial_state=True, final_state=True),
+]
+
+
+@pytest.mark.parametrize("case", THREAD_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+def test_bitwise_identical_across_thread_counts(ar, op, case):
+    """The CPU result must not depend on torch.set_num_threads (1 vs 2 threads)."""
+    inp = make_inputs(case, "cpu")
+    fn = getattr(ar, f"{op}_linear_attn")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run(fn, case, inp)
+        torch.set_num_threads(2)
+        two = run(fn, case, inp)
+    finally:
+        torch.set_num_threads(before)
+    for name in one:
+        assert torch.equal(one[name], two[name]), f"{name} differs between 1 and 2 threads"

@@ -183,6 +183,14 @@ def test_decode_refuses_grad(ar, device):
         ar.softmax.softmax_attn_step(q, kc, vc, torch.ones(1, dtype=torch.int32, device=device))
 
 
+@pytest.mark.parametrize("cache", ["k_cache", "v_cache"])
+def test_decode_refuses_grad_on_kv_cache(ar, device, cache):
+    d = _step_inputs(device)
+    d[cache].requires_grad_()
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        ar.softmax.softmax_attn_step(d["q"], d["k_cache"], d["v_cache"], d["cache_seqlens"])
+
+
 # ---- torch.library: opcheck, gradcheck, compile; errors; CUDA ----------------------------------
 
 def _opcheck_samples(device):
@@ -313,6 +321,42 @@ BAD = [
     ("step-k_new-alone", _with(_step_inputs, _S, k_new=lambda d, dev: torch.randn(2, 2, 16, device=dev)), r"v_new"),
     ("step-split", _with(_step_inputs, _S, split_size=0), r"split_size"),
 ]
+
+
+def _fake_fwd_args(q_shape=(2, 8, 4, 16), cu=None):
+    return (torch.randn(*q_shape), torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 8), cu, 0.25, True)
+
+
+def _fake_bwd_args(q_shape=(2, 8, 4, 16)):
+    return (torch.randn(2, 8, 4, 8), torch.randn(*q_shape), torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 8),
+            torch.randn(2, 8, 4, 8), torch.randn(2, 4, 8), None, 0.25, True)
+
+
+# (id, op name, builder of the arguments, regex naming the argument)
+FAKE_CASES = [
+    ("fwd-q-3d", "softmax_attn_fwd", lambda: _fake_fwd_args(q_shape=(2, 8, 64)), r"\bq must be a 4-D tensor"),
+    ("fwd-cu_seqlens-empty", "softmax_attn_fwd", lambda: _fake_fwd_args(cu=torch.zeros(0, dtype=torch.int32)),
+     r"cu_seqlens must be a 1-D tensor \[N \+ 1\]"),
+    ("bwd-q-3d", "softmax_attn_bwd", lambda: _fake_bwd_args(q_shape=(2, 8, 64)), r"\bq must be a 4-D tensor"),
+    ("step-q-2d", "softmax_attn_step",
+     lambda: (torch.randn(2, 64), torch.randn(2, 10, 2, 16), torch.randn(2, 10, 2, 8),
+              torch.tensor([3, 5], dtype=torch.int32), None, None, 0.25, 0),
+     r"\bq must be a 3-D tensor"),
+]
+
+
+@pytest.mark.parametrize("name,build,regex", [pytest.param(*c[1:], id=c[0]) for c in FAKE_CASES])
+def test_fake_kernel_raises_the_named_error_of_the_real_op(ar, name, build, regex):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = getattr(torch.ops.attnrnn, name)
+    with pytest.raises(ValueError, match=regex) as eager:
+        op(*build())
+    with FakeTensorMode():
+        args = build()
+        with pytest.raises(ValueError, match=regex) as fake:
+            op(*args)
+    assert str(fake.value) in str(eager.value)
 
 
 @pytest.mark.parametrize("build", [b for _, b, _ in BAD], ids=[i for i, _, _ in BAD])

@@ -2,11 +2,13 @@
 defined in csrc/torch/registration.cpp).
 
 The forward saves q, k, v, o and the log-sum-exp per query (lse, [B, H, Tq] in the accumulator
-dtype); the backward recomputes the probabilities block by block from them.
+dtype); the backward recomputes the probabilities block by block from them. The backward op
+has no backward of its own: differentiating through it (create_graph=True, then grad again) raises.
 """
 import torch
 
 from .. import _C  # noqa: F401  (loads the operator registrations)
+from .._ops import fake_check_cu_seqlens, fake_check_rank, no_double_backward
 
 ops = torch.ops.attnrnn
 
@@ -15,8 +17,16 @@ def _acc_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
+def _check_sequence_args(q, k, v, cu_seqlens, op):
+    fake_check_rank(q, 4, op, "q", "[B, Tq, H, D]")
+    fake_check_rank(k, 4, op, "k", "[B, Tk, Hkv, D]")
+    fake_check_rank(v, 4, op, "v", "[B, Tk, Hkv, Dv]")
+    fake_check_cu_seqlens(cu_seqlens, op)
+
+
 @torch.library.register_fake("attnrnn::softmax_attn_fwd")
 def _(q, k, v, cu_seqlens, scale, causal):
+    _check_sequence_args(q, k, v, cu_seqlens, "streaming_attn")
     B, Tq, H, _ = q.shape
     Dv = v.shape[3]
     return q.new_empty((B, Tq, H, Dv)), q.new_empty((B, H, Tq), dtype=_acc_dtype(q))
@@ -24,11 +34,16 @@ def _(q, k, v, cu_seqlens, scale, causal):
 
 @torch.library.register_fake("attnrnn::softmax_attn_bwd")
 def _(dout, q, k, v, o, lse, cu_seqlens, scale, causal):
+    _check_sequence_args(q, k, v, cu_seqlens, "streaming_attn backward")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 @torch.library.register_fake("attnrnn::softmax_attn_step")
 def _(q, k_cache, v_cache, cache_seqlens, k_new, v_new, scale, split_size):
+    op = "softmax_attn_step"
+    fake_check_rank(q, 3, op, "q", "[B, H, D]")
+    fake_check_rank(k_cache, 4, op, "k_cache", "[B, Lmax, Hkv, D]")
+    fake_check_rank(v_cache, 4, op, "v_cache", "[B, Lmax, Hkv, Dv]")
     return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
 
 
@@ -49,3 +64,4 @@ def _backward(ctx, dout, dlse):
 
 
 torch.library.register_autograd("attnrnn::softmax_attn_fwd", _backward, setup_context=_setup_context)
+torch.library.register_autograd("attnrnn::softmax_attn_bwd", no_double_backward("attnrnn::softmax_attn_bwd"))
