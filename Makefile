@@ -15,9 +15,11 @@ CONSUMER_BUILD := build/consumer
 
 all: install
 
+# torch is installed only when the environment has none (an existing VENV keeps its own).
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)" -r requirements-dev.txt
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
 install: $(STAMP)

@@ -55,10 +55,16 @@ class CMakeBuild(build_ext):
         if "ATTNRNN_CUDA_ARCHITECTURES" in os.environ:
             args.append(f"-DCMAKE_CUDA_ARCHITECTURES={os.environ['ATTNRNN_CUDA_ARCHITECTURES']}")
         args += shlex.split(os.environ.get("ATTNRNN_CMAKE_ARGS", ""))
+        # The cmake and ninja installed beside this Python (pip's packages) come first, then PATH.
+        tools = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+        cmake = shutil.which("cmake", path=tools) or "cmake"
+        ninja = shutil.which("ninja", path=tools)
+        if ninja:
+            args.append(f"-DCMAKE_MAKE_PROGRAM={ninja}")
         jobs = os.environ.get("ATTNRNN_BUILD_JOBS", str(os.cpu_count() or 1))
-        subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], check=True)
-        subprocess.run(["cmake", "--build", str(build_dir), "--parallel", jobs], check=True)
-        subprocess.run(["cmake", "--install", str(build_dir)], check=True)
+        subprocess.run([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], check=True)
+        subprocess.run([cmake, "--build", str(build_dir), "--parallel", jobs], check=True)
+        subprocess.run([cmake, "--install", str(build_dir)], check=True)
         installed = package_dir / ext_path.name
         if installed != ext_path:
             ext_path.parent.mkdir(parents=True, exist_ok=True)

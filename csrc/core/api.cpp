@@ -70,6 +70,24 @@ Status check_common(int64_t batch, int64_t num_heads, int64_t num_kv_heads, int6
   return Status::kSuccess;
 }
 
+// Offsets of packed sequences: read on the CPU only (device values would need a sync; the CUDA
+// kernels clamp them instead).
+Status check_cu_seqlens(Device device, const void* cu, bool is_int64, int64_t num_seqs, int64_t seqlen) {
+  ATTNRNN_REQUIRE(num_seqs >= 0, "num_seqs must be >= 0, got %lld", (long long)num_seqs);
+  if (device != Device::kCPU) return Status::kSuccess;
+  auto at = [&](int64_t i) {
+    return is_int64 ? static_cast<const int64_t*>(cu)[i] : int64_t(static_cast<const int32_t*>(cu)[i]);
+  };
+  ATTNRNN_REQUIRE(at(0) == 0, "cu_seqlens must start at 0, got %lld", (long long)at(0));
+  ATTNRNN_REQUIRE(at(num_seqs) == seqlen, "cu_seqlens must end at seqlen = %lld, got %lld", (long long)seqlen,
+                  (long long)at(num_seqs));
+  for (int64_t i = 1; i <= num_seqs; ++i) {
+    ATTNRNN_REQUIRE(at(i) >= at(i - 1), "cu_seqlens must be non-decreasing, got cu_seqlens[%lld] = %lld < %lld",
+                    (long long)i, (long long)at(i), (long long)at(i - 1));
+  }
+  return Status::kSuccess;
+}
+
 Status check_sequence(const LinearAttnParams& p, bool backward) {
   Status s = check_common(p.batch, p.num_heads, p.num_kv_heads, p.head_dim_k, p.head_dim_v, p.eps);
   if (s != Status::kSuccess) return s;
@@ -78,7 +96,8 @@ Status check_sequence(const LinearAttnParams& p, bool backward) {
                   "chunk_size must be in [0, 1024] (0 = default), got %lld", (long long)p.chunk_size);
   if (p.cu_seqlens != nullptr) {
     ATTNRNN_REQUIRE(p.batch == 1, "batch must be 1 with cu_seqlens, got %lld", (long long)p.batch);
-    ATTNRNN_REQUIRE(p.num_seqs >= 0, "num_seqs must be >= 0, got %lld", (long long)p.num_seqs);
+    s = check_cu_seqlens(p.device, p.cu_seqlens, p.cu_seqlens_int64, p.num_seqs, p.seqlen);
+    if (s != Status::kSuccess) return s;
   }
   const bool empty = p.batch == 0 || p.seqlen == 0;
   if (!empty) {
@@ -114,7 +133,6 @@ Status check_step(const LinearAttnStepParams& p) {
   return Status::kSuccess;
 }
 
-#undef ATTNRNN_REQUIRE
 
 #ifdef ATTNRNN_WITH_CUDA
 #define ATTNRNN_CUDA_KERNEL(name) cuda::name
@@ -171,65 +189,49 @@ namespace attnrnn {
 
 namespace {
 
-#define ATTNRNN_SOFTMAX_REQUIRE(cond, ...) \
-  do {                                     \
-    if (!(cond)) return fail(Status::kInvalidArgument, __VA_ARGS__); \
-  } while (0)
-
-Status check_softmax_heads(int64_t batch, int64_t H, int64_t Hkv, int64_t D, int64_t Dv) {
-  ATTNRNN_SOFTMAX_REQUIRE(batch >= 0, "batch must be >= 0, got %lld", (long long)batch);
-  ATTNRNN_SOFTMAX_REQUIRE(H >= 1, "num_heads must be >= 1, got %lld", (long long)H);
-  ATTNRNN_SOFTMAX_REQUIRE(Hkv >= 1 && H % Hkv == 0, "num_kv_heads must divide num_heads (%lld), got %lld",
-                          (long long)H, (long long)Hkv);
-  ATTNRNN_SOFTMAX_REQUIRE(D >= 1 && D <= kMaxHeadDim, "head_dim must be in [1, 256], got %lld", (long long)D);
-  ATTNRNN_SOFTMAX_REQUIRE(Dv >= 1 && Dv <= kMaxHeadDim, "head_dim_v must be in [1, 256], got %lld",
-                          (long long)Dv);
-  return Status::kSuccess;
-}
-
 Status check_softmax(const SoftmaxAttnParams& p, bool backward) {
-  Status s = check_softmax_heads(p.batch, p.num_heads, p.num_kv_heads, p.head_dim, p.head_dim_v);
+  Status s = check_common(p.batch, p.num_heads, p.num_kv_heads, p.head_dim, p.head_dim_v, 0.0);
   if (s != Status::kSuccess) return s;
-  ATTNRNN_SOFTMAX_REQUIRE(p.seqlen_q >= 0 && p.seqlen_k >= 0, "seqlen_q and seqlen_k must be >= 0");
+  ATTNRNN_REQUIRE(p.seqlen_q >= 0 && p.seqlen_k >= 0, "seqlen_q and seqlen_k must be >= 0");
   if (p.cu_seqlens != nullptr) {
-    ATTNRNN_SOFTMAX_REQUIRE(p.batch == 1, "batch must be 1 with cu_seqlens, got %lld", (long long)p.batch);
-    ATTNRNN_SOFTMAX_REQUIRE(p.seqlen_q == p.seqlen_k, "seqlen_q (%lld) must equal seqlen_k (%lld) with cu_seqlens",
+    ATTNRNN_REQUIRE(p.batch == 1, "batch must be 1 with cu_seqlens, got %lld", (long long)p.batch);
+    ATTNRNN_REQUIRE(p.seqlen_q == p.seqlen_k, "seqlen_q (%lld) must equal seqlen_k (%lld) with cu_seqlens",
                             (long long)p.seqlen_q, (long long)p.seqlen_k);
-    ATTNRNN_SOFTMAX_REQUIRE(p.num_seqs >= 0, "num_seqs must be >= 0, got %lld", (long long)p.num_seqs);
+    s = check_cu_seqlens(p.device, p.cu_seqlens, p.cu_seqlens_int64, p.num_seqs, p.seqlen_q);
+    if (s != Status::kSuccess) return s;
   }
   if (p.batch > 0 && p.seqlen_q > 0) {
-    ATTNRNN_SOFTMAX_REQUIRE(p.q.data != nullptr, "q must not be null");
-    ATTNRNN_SOFTMAX_REQUIRE(p.lse != nullptr, "lse must not be null");
-    ATTNRNN_SOFTMAX_REQUIRE(backward || p.o.data != nullptr, "o must not be null");
+    ATTNRNN_REQUIRE(p.q.data != nullptr, "q must not be null");
+    ATTNRNN_REQUIRE(p.lse != nullptr, "lse must not be null");
+    ATTNRNN_REQUIRE(backward || p.o.data != nullptr, "o must not be null");
     if (backward) {
-      ATTNRNN_SOFTMAX_REQUIRE(p.dout.data && p.out.data && p.dq.data, "dout, out and dq must not be null");
+      ATTNRNN_REQUIRE(p.dout.data && p.out.data && p.dq.data, "dout, out and dq must not be null");
     }
   }
   if (p.batch > 0 && p.seqlen_k > 0) {
-    ATTNRNN_SOFTMAX_REQUIRE(p.k.data && p.v.data, "k and v must not be null");
-    ATTNRNN_SOFTMAX_REQUIRE(!backward || (p.dk.data && p.dv.data), "dk and dv must not be null");
+    ATTNRNN_REQUIRE(p.k.data && p.v.data, "k and v must not be null");
+    ATTNRNN_REQUIRE(!backward || (p.dk.data && p.dv.data), "dk and dv must not be null");
   }
-  ATTNRNN_SOFTMAX_REQUIRE(p.scale == p.scale, "scale must not be NaN");
+  ATTNRNN_REQUIRE(p.scale == p.scale, "scale must not be NaN");
   return Status::kSuccess;
 }
 
 Status check_softmax_step(const SoftmaxAttnStepParams& p) {
-  Status s = check_softmax_heads(p.batch, p.num_heads, p.num_kv_heads, p.head_dim, p.head_dim_v);
+  Status s = check_common(p.batch, p.num_heads, p.num_kv_heads, p.head_dim, p.head_dim_v, 0.0);
   if (s != Status::kSuccess) return s;
-  ATTNRNN_SOFTMAX_REQUIRE(p.max_seqlen >= 0, "max_seqlen must be >= 0, got %lld", (long long)p.max_seqlen);
-  ATTNRNN_SOFTMAX_REQUIRE(p.split_size >= 0, "split_size must be >= 0, got %lld", (long long)p.split_size);
-  ATTNRNN_SOFTMAX_REQUIRE((p.k_new.data == nullptr) == (p.v_new.data == nullptr),
+  ATTNRNN_REQUIRE(p.max_seqlen >= 0, "max_seqlen must be >= 0, got %lld", (long long)p.max_seqlen);
+  ATTNRNN_REQUIRE(p.split_size >= 0, "split_size must be >= 0, got %lld", (long long)p.split_size);
+  ATTNRNN_REQUIRE((p.k_new.data == nullptr) == (p.v_new.data == nullptr),
                           "k_new and v_new must be given together");
   if (p.batch > 0) {
-    ATTNRNN_SOFTMAX_REQUIRE(p.q.data && p.o.data && p.cache_seqlens, "q, o and cache_seqlens must not be null");
-    ATTNRNN_SOFTMAX_REQUIRE(p.max_seqlen == 0 || (p.k_cache.data && p.v_cache.data),
+    ATTNRNN_REQUIRE(p.q.data && p.o.data && p.cache_seqlens, "q, o and cache_seqlens must not be null");
+    ATTNRNN_REQUIRE(p.max_seqlen == 0 || (p.k_cache.data && p.v_cache.data),
                             "k_cache and v_cache must not be null");
   }
-  ATTNRNN_SOFTMAX_REQUIRE(p.scale == p.scale, "scale must not be NaN");
+  ATTNRNN_REQUIRE(p.scale == p.scale, "scale must not be NaN");
   return Status::kSuccess;
 }
 
-#undef ATTNRNN_SOFTMAX_REQUIRE
 
 template <class Params>
 Status dispatch_softmax(const Params& p, Status checked, Status (*on_cpu)(const Params&), const char* op) {
@@ -254,3 +256,5 @@ Status softmax_attn_step(const SoftmaxAttnStepParams& p) {
 }
 
 }  // namespace attnrnn
+
+#undef ATTNRNN_REQUIRE

@@ -100,7 +100,7 @@ SequenceArgs sequence_args(const at::Tensor& q, const at::Tensor& k, const at::T
 
   a.num_states = B;
   if (cu_seqlens.has_value()) {
-    a.cu_seqlens = detail::checked_cu_seqlens(*cu_seqlens, q, T, op);
+    a.cu_seqlens = detail::checked_cu_seqlens(*cu_seqlens, q, op);
     const at::Tensor& cu = a.cu_seqlens;
     a.num_states = cu.numel() - 1;
     p.cu_seqlens = a.cu_seqlens.data_ptr();

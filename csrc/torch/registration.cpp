@@ -1,6 +1,9 @@
 // The torch.ops.attnrnn operators: schemas, and the same ATen glue for CPU and CUDA tensors.
 // Autograd and fake (meta) kernels are registered from Python (attnrnn/_ops.py).
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
+
+#include <vector>
 
 #include "attnrnn/torch.h"
 #include "attnrnn/torch_softmax.h"
@@ -37,6 +40,7 @@ TORCH_LIBRARY(attnrnn, m) {
 }
 
 namespace {
+
 void register_impls(torch::Library& m) {
   m.impl("chunk_fwd", &attnrnn::aten::chunk_fwd);
   m.impl("chunk_bwd", &attnrnn::aten::chunk_bwd);
@@ -47,7 +51,30 @@ void register_impls(torch::Library& m) {
   m.impl("softmax_attn_bwd", &attnrnn::aten::softmax_attn_bwd);
   m.impl("softmax_attn_step", &attnrnn::aten::softmax_attn_step);
 }
+
+// The in-place ops (step, softmax_attn_step) bump the version counter of every tensor their schema
+// marks as written, as PyTorch's own in-place ops do: autograd then refuses a backward that
+// would read a saved tensor these ops have since overwritten.
+void bump_written_tensors(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const auto& arguments = op.schema().arguments();
+  const auto inputs = torch::jit::last(*stack, arguments.size());
+  std::vector<at::Tensor> written;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const auto* alias = arguments[i].alias_info();
+    if (alias != nullptr && alias->isWrite() && inputs[i].isTensor()) written.push_back(inputs[i].toTensor());
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  }
+  for (const at::Tensor& t : written) t.unsafeGetTensorImpl()->bump_version();
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attnrnn, CPU, m) { register_impls(m); }
 TORCH_LIBRARY_IMPL(attnrnn, CUDA, m) { register_impls(m); }
+TORCH_LIBRARY_IMPL(attnrnn, ADInplaceOrView, m) {
+  m.impl("step", torch::CppFunction::makeFromBoxedFunction<&bump_written_tensors>());
+  m.impl("softmax_attn_step", torch::CppFunction::makeFromBoxedFunction<&bump_written_tensors>());
+}

@@ -60,7 +60,7 @@ Args sequence_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   if (cu_seqlens.has_value()) {
     TORCH_CHECK_VALUE(Tq == Tk, op, ": q and k must have the same length with cu_seqlens (it packs both), got ",
                       Tq, " and ", Tk);
-    a.cu = checked_cu_seqlens(*cu_seqlens, q, Tq, op);
+    a.cu = checked_cu_seqlens(*cu_seqlens, q, op);
     const at::Tensor& cu = a.cu;
     p.cu_seqlens = a.cu.data_ptr();
     p.cu_seqlens_int64 = cu.scalar_type() == at::kLong;

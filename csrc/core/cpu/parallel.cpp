@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -19,13 +20,18 @@ struct Job {
   void* ctx;
   int64_t n, per, tasks;
   std::atomic<int64_t> next{0};
-  int64_t done = 0;  // guarded by Pool::mutex
-  int users = 0;     // workers inside work(); guarded by Pool::mutex
+  int64_t done = 0;         // guarded by Pool::mutex
+  int users = 0;            // workers inside work(); guarded by Pool::mutex
+  std::exception_ptr error;  // the first exception a range threw; guarded by Pool::mutex
 };
+
+// Set while a thread runs a range of a job: a parallel loop nested inside runs serially.
+thread_local bool t_inside_job = false;
 
 // Persistent worker threads: spawning threads per call costs tens of microseconds, as much as a
 // whole decode step. One job runs at a time; a call that finds the pool busy (another caller
-// thread, or a nested loop) runs serially.
+// thread) or comes from inside a job (a nested loop) runs serially. An exception thrown by a range
+// is rethrown to the caller once every worker has left the job.
 class Pool {
  public:
   ~Pool() {
@@ -57,17 +63,26 @@ class Pool {
     std::unique_lock<std::mutex> lock(mutex_);
     finished_.wait(lock, [&] { return job.done == job.tasks && job.users == 0; });
     job_ = nullptr;
+    if (job.error) std::rethrow_exception(job.error);  // after every worker has left the job
     return true;
   }
 
  private:
   void work(Job& job) {
+    t_inside_job = true;
     for (int64_t t = job.next.fetch_add(1); t < job.tasks; t = job.next.fetch_add(1)) {
       const int64_t begin = t * job.per;
-      job.body(job.ctx, begin, std::min(job.n, begin + job.per));
+      std::exception_ptr error;
+      try {
+        job.body(job.ctx, begin, std::min(job.n, begin + job.per));
+      } catch (...) {
+        error = std::current_exception();
+      }
       std::lock_guard<std::mutex> lock(mutex_);
+      if (error && !job.error) job.error = error;
       if (++job.done == job.tasks) finished_.notify_all();
     }
+    t_inside_job = false;
   }
 
   void worker() {
@@ -104,7 +119,8 @@ void default_parallel_for(int num_threads, int64_t n, int64_t grain, CpuExecutor
   const int64_t g = std::max<int64_t>(grain, 1);
   int64_t threads = num_threads > 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency());
   threads = std::min<int64_t>(threads, (n + g - 1) / g);
-  if (threads <= 1 || !pool().try_run(static_cast<int>(threads), n, body, body_ctx)) body(body_ctx, 0, n);
+  if (threads <= 1 || t_inside_job || !pool().try_run(static_cast<int>(threads), n, body, body_ctx))
+    body(body_ctx, 0, n);
 }
 
 }  // namespace
