@@ -127,3 +127,30 @@ def test_step_unnormalized_state_without_z(ar, device):
     S_expect = k.unsqueeze(-1) * v.unsqueeze(-2)
     torch.testing.assert_close(S, S_expect)
     torch.testing.assert_close(o, torch.einsum("bhk,bhkv->bhv", q, S_expect))
+
+
+def test_step_bumps_the_version_of_the_state_it_overwrites(ar, device):
+    """Like PyTorch's in-place ops: a backward that saved the old state must refuse, not use the
+    overwritten values silently."""
+    q, k, v = (torch.randn(2, 2, 8, device=device) for _ in range(3))
+    w = torch.randn(2, 2, 8, 8, device=device, requires_grad=True)
+    S = w * 1.0
+    loss = (S * S).sum()  # saves S for its backward
+    z = torch.rand(2, 2, 8, device=device) + 1
+    before = (S._version, z._version)
+    ar.linear_attn_step(q, k, v, (S.detach(), z))  # detach() shares S's storage and version
+    assert (S._version, z._version) == (before[0] + 1, before[1] + 1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_softmax_step_bumps_the_version_of_the_caches_it_writes(ar):
+    device = "cpu"  # the softmax ops have CPU kernels only so far
+    k_cache = torch.randn(2, 16, 2, 8, device=device)
+    v_cache = torch.randn(2, 16, 2, 8, device=device)
+    lengths = torch.tensor([3, 5], dtype=torch.int32, device=device)
+    q = torch.randn(2, 4, 8, device=device)
+    k_new, v_new = torch.randn(2, 2, 8, device=device), torch.randn(2, 2, 8, device=device)
+    before = (k_cache._version, v_cache._version)
+    ar.softmax.softmax_attn_step(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new)
+    assert (k_cache._version, v_cache._version) == (before[0] + 1, before[1] + 1)
