@@ -203,3 +203,19 @@ def _clone_strided(x: torch.Tensor) -> torch.Tensor:
     y = base.as_strided(x.size(), x.stride(), x.storage_offset())
     y.copy_(x)
     return y
+
+
+def assert_fake_kernel_raises_like_the_op(name, build, regex):
+    """torch.ops.attnrnn.<name>(*build()) raises a ValueError matching regex, and its fake kernel
+    (under FakeTensorMode, as torch.compile traces it) raises the same message."""
+    import pytest
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = getattr(torch.ops.attnrnn, name)
+    with pytest.raises(ValueError, match=regex) as eager:
+        op(*build())
+    with FakeTensorMode():
+        args = build()
+        with pytest.raises(ValueError, match=regex) as fake:
+            op(*args)
+    assert str(fake.value) in str(eager.value)

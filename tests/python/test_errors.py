@@ -3,6 +3,8 @@ Nothing is silently wrong."""
 import pytest
 import torch
 
+from cases import assert_fake_kernel_raises_like_the_op
+
 from conftest import HAS_CUDA
 
 CUDA_ONLY = pytest.mark.skipif(not HAS_CUDA, reason="needs a second device")
@@ -247,13 +249,4 @@ FAKE_CASES = [
 
 @pytest.mark.parametrize("name,build,regex", [pytest.param(*c[1:], id=c[0]) for c in FAKE_CASES])
 def test_fake_kernel_raises_the_named_error_of_the_real_op(ar, name, build, regex):
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    op = getattr(torch.ops.attnrnn, name)
-    with pytest.raises(ValueError, match=regex) as eager:
-        op(*build())
-    with FakeTensorMode():
-        args = build()
-        with pytest.raises(ValueError, match=regex) as fake:
-            op(*args)
-    assert str(fake.value) in str(eager.value)
+    assert_fake_kernel_raises_like_the_op(name, build, regex)

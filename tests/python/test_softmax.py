@@ -4,6 +4,8 @@ error in the test dtype, against a float64 reference on the same rounded inputs)
 import pytest
 import torch
 
+from cases import assert_fake_kernel_raises_like_the_op
+
 from numerics import assert_close_by_rules
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -347,16 +349,7 @@ FAKE_CASES = [
 
 @pytest.mark.parametrize("name,build,regex", [pytest.param(*c[1:], id=c[0]) for c in FAKE_CASES])
 def test_fake_kernel_raises_the_named_error_of_the_real_op(ar, name, build, regex):
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    op = getattr(torch.ops.attnrnn, name)
-    with pytest.raises(ValueError, match=regex) as eager:
-        op(*build())
-    with FakeTensorMode():
-        args = build()
-        with pytest.raises(ValueError, match=regex) as fake:
-            op(*args)
-    assert str(fake.value) in str(eager.value)
+    assert_fake_kernel_raises_like_the_op(name, build, regex)
 
 
 @pytest.mark.parametrize("build", [b for _, b, _ in BAD], ids=[i for i, _, _ in BAD])
