@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from cases import assert_fake_kernel_raises_like_the_op
-
 from numerics import assert_close_by_rules
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
