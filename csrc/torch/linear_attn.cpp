@@ -1,18 +1,12 @@
 // ATen glue of the linear-attention ops: check every argument (naming it in the error), allocate
 // outputs, fill the torch-free params struct, pick the device's stream, and turn a status into an
 // exception. No math lives here.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
-#ifdef ATTNRNN_TORCH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#endif
-
 #include <cmath>
-#include <sstream>
 #include <string>
 
 #include "attnrnn/attnrnn.h"

@@ -1,13 +1,11 @@
 // ATen glue of the softmax-attention ops: check every argument (naming it), allocate outputs,
 // fill the torch-free params, turn a status into an exception. No math lives here.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
-#include <sstream>
 #include <string>
 #include <vector>
 

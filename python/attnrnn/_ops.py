@@ -14,7 +14,8 @@ from . import _C  # noqa: F401  (loads the operator registrations)
 ops = torch.ops.attnrnn
 
 
-def _state_dtype(q):
+def state_dtype(q):
+    """The state and accumulator dtype of an op on q: float64 for float64 inputs, else float32."""
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
@@ -48,7 +49,7 @@ def _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_f
     B, T, H, K = q.shape
     Hkv, V = v.shape[2], v.shape[3]
     N = _num_states(q, cu_seqlens)
-    dt = _state_dtype(q)
+    dt = state_dtype(q)
     o = q.new_empty((B, T, H, V))
     S = q.new_empty((N, Hkv, K, V) if output_final_state else (0,), dtype=dt)
     z = q.new_empty((N, Hkv, K) if output_final_state and normalize else (0,), dtype=dt)
@@ -57,7 +58,7 @@ def _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_f
 
 def _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, op):
     _check_sequence_args(q, k, v, cu_seqlens, op)
-    dt = _state_dtype(q)
+    dt = state_dtype(q)
     dS0 = initial_S.new_empty(initial_S.shape) if initial_S is not None else q.new_empty((0,), dtype=dt)
     dz0 = initial_z.new_empty(initial_z.shape) if initial_z is not None else q.new_empty((0,), dtype=dt)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dS0, dz0

@@ -8,13 +8,9 @@ has no backward of its own: differentiating through it (create_graph=True, then 
 import torch
 
 from .. import _C  # noqa: F401  (loads the operator registrations)
-from .._ops import fake_check_cu_seqlens, fake_check_rank, no_double_backward
+from .._ops import fake_check_cu_seqlens, fake_check_rank, no_double_backward, state_dtype
 
 ops = torch.ops.attnrnn
-
-
-def _acc_dtype(q):
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 def _check_sequence_args(q, k, v, cu_seqlens, op):
@@ -29,7 +25,7 @@ def _(q, k, v, cu_seqlens, scale, causal):
     _check_sequence_args(q, k, v, cu_seqlens, "streaming_attn")
     B, Tq, H, _ = q.shape
     Dv = v.shape[3]
-    return q.new_empty((B, Tq, H, Dv)), q.new_empty((B, H, Tq), dtype=_acc_dtype(q))
+    return q.new_empty((B, Tq, H, Dv)), q.new_empty((B, H, Tq), dtype=state_dtype(q))
 
 
 @torch.library.register_fake("attnrnn::softmax_attn_bwd")
