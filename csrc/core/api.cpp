@@ -33,9 +33,10 @@ const char* status_string(Status status) {
 }
 
 int64_t linear_attn_workspace_bytes(const LinearAttnParams& p) {
-  if (p.device != Device::kCUDA) return 0;
-  const int64_t acc_bytes = p.dtype == DType::kFloat64 ? 8 : 4;
-  return 2 * p.batch * p.seqlen * p.num_heads * acc_bytes;  // per-token denominators and their gradients
+#ifdef ATTNRNN_WITH_CUDA
+  if (p.device == Device::kCUDA) return cuda::workspace_bytes(p);
+#endif
+  return 0;
 }
 
 bool built_with_cuda() {

@@ -23,6 +23,7 @@ Status chunk_bwd(const LinearAttnParams& p);
 Status recurrent_fwd(const LinearAttnParams& p);
 Status recurrent_bwd(const LinearAttnParams& p);
 Status step(const LinearAttnStepParams& p);
+int64_t workspace_bytes(const LinearAttnParams& p);  // forward when p.dout.data is null, else backward
 }  // namespace cuda
 
 }  // namespace attnrnn

@@ -1,8 +1,12 @@
 // Host side of the CUDA kernels: tile choices, shared-memory limits and launches. Each
 // (op, dtype) pair is instantiated in its own small .cu file (instantiations/).
 //
-// Tensor-core forward (chunk_fwd_tc.cuh): bf16, K in {64, 128}, V % 64 == 0, chunk 64 (the
-// default or asked for), 16-byte aligned rows; 4 warps, 64 value columns and 64 tokens per step.
+// Tensor-core path (chunk_tc.cuh), bf16 and fp16, chunk 64 (the default or asked for), 16-byte
+// aligned rows of q, k, v (and dout):
+//   forward   K in {64, 128}, V % 64 == 0; one block per (sequence, 64 value columns, kv head)
+//   backward  K, V in {64, 128}; den (normalize only), dq, dk, dv sweeps in that order
+//   stages    3 at inner dim 64 (103 KB of shared memory), 2 at 128 (127 KB): enough to keep one
+//             chunk in flight while the current one is computed, one block per SM at 128
 //
 // Tile table of the generic path (256 threads per block, CUDA-core FMAs):
 //   forward   BV = min(64, V) value columns per block; chunk C = the largest power of two <= the
@@ -14,9 +18,12 @@
 // tiles keep 256 threads busy on the output and state phases for K, V >= 64.
 #pragma once
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "chunk_bwd.cuh"
 #include "chunk_fwd.cuh"
-#include "chunk_fwd_tc.cuh"
+#include "chunk_tc.cuh"
 #include "common.cuh"
 #include "step.cuh"
 
@@ -41,22 +48,117 @@ inline bool aligned16(const ConstView& x) {
          x.stride_h % 8 == 0;
 }
 
-inline bool tensor_core_forward(const LinearAttnParams& p, bool recurrent) {
-  return p.dtype == DType::kBFloat16 && !recurrent && (p.chunk_size == 0 || p.chunk_size == kTcChunk) &&
-         (p.head_dim_k == 64 || p.head_dim_k == 128) && p.head_dim_v % kTcBV == 0 && aligned16(p.q) &&
-         aligned16(p.k) && aligned16(p.v) && reinterpret_cast<uintptr_t>(p.o.data) % 4 == 0 &&
-         p.o.stride_b % 2 == 0 && p.o.stride_t % 2 == 0 && p.o.stride_h % 2 == 0;
+inline bool aligned4_pairs(const MutView& x) {
+  return reinterpret_cast<uintptr_t>(x.data) % 4 == 0 && x.stride_b % 2 == 0 && x.stride_t % 2 == 0 &&
+         x.stride_h % 2 == 0;
+}
+inline bool aligned4_pairs(const ConstView& x) {
+  return aligned4_pairs(MutView{const_cast<void*>(x.data), x.stride_b, x.stride_t, x.stride_h});
 }
 
-template <int K>
-Status launch_chunk_fwd_tc(const LinearAttnParams& p) {
-  const int64_t bytes = TcSmem{K}.bytes();
-  Status s = allow_smem(chunk_fwd_tc_kernel<K>, bytes, "chunk_linear_attn forward (tensor cores)");
+inline bool tensor_core_dtype(const LinearAttnParams& p, bool recurrent) {
+  return (p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16) && !recurrent &&
+         (p.chunk_size == 0 || p.chunk_size == kTcChunk) && aligned16(p.q) && aligned16(p.k) && aligned16(p.v);
+}
+
+inline bool tensor_core_forward(const LinearAttnParams& p, bool recurrent) {
+  return tensor_core_dtype(p, recurrent) && (p.head_dim_k == 64 || p.head_dim_k == 128) &&
+         p.head_dim_v % kTcCols == 0 && aligned4_pairs(p.o);
+}
+
+inline bool tensor_core_backward(const LinearAttnParams& p, bool recurrent) {
+  const bool dims = (p.head_dim_k == 64 || p.head_dim_k == 128) && (p.head_dim_v == 64 || p.head_dim_v == 128);
+  return tensor_core_dtype(p, recurrent) && dims && aligned16(p.dout) && aligned4_pairs(p.dq) &&
+         aligned4_pairs(p.dk) && aligned4_pairs(p.dv) && (!p.normalize || aligned4_pairs(p.out));
+}
+
+int sm_count();
+
+// Segments of the two-pass scan (chunk_tc.cuh, TcSplit) for a sweep with `tiles` output tiles:
+// one when the (sequence, tile, kv head) blocks fill the SMs, else enough for two blocks per SM,
+// keeping at least 16 chunks per segment. ATTNRNN_TC_SEGMENTS=n forces n (for measuring).
+inline int tc_segments(const LinearAttnParams& p, int64_t tiles) {
+  static const int forced = [] {
+    const char* env = std::getenv("ATTNRNN_TC_SEGMENTS");
+    return env != nullptr ? std::atoi(env) : 0;
+  }();
+  const int64_t blocks = num_states(p) * p.num_kv_heads * tiles, sms = sm_count();
+  const int64_t chunks = (p.seqlen + kTcChunk - 1) / kTcChunk;
+  int64_t want = forced > 0 ? forced : (blocks >= sms ? 1 : (2 * sms + blocks - 1) / blocks);
+  want = std::min<int64_t>(want, std::max<int64_t>(1, chunks / 16));
+  const int64_t seg_chunks = (chunks + want - 1) / std::max<int64_t>(want, 1);
+  return static_cast<int>(seg_chunks > 0 ? (chunks + seg_chunks - 1) / seg_chunks : 1);
+}
+
+// Floats of pass-1 partials one sweep needs (0 without a split).
+inline int64_t tc_partial_floats(const LinearAttnParams& p, int64_t inner, int64_t out_dim) {
+  const int64_t tiles = out_dim / kTcCols, segments = tc_segments(p, tiles);
+  if (segments <= 1) return 0;
+  const int64_t per = inner == 64 ? tc_partial_floats<64>() : tc_partial_floats<128>();
+  return segments * num_states(p) * p.num_kv_heads * tiles * per;
+}
+
+// One sweep of chunk_tc_kernel, as one pass or two: grid (sequences x segments, tiles, kv heads).
+template <class T, TcRole R, int DI>
+Status launch_tc_role(const LinearAttnParams& p, int64_t out_dim, float* partial, const char* what) {
+  const int64_t bytes = TcLayout<DI>::bytes(sizeof(T));
+  Status s = allow_smem(chunk_tc_kernel<T, R, DI>, bytes, what);
   if (s != Status::kSuccess) return s;
-  const dim3 grid(static_cast<unsigned>(num_states(p)), static_cast<unsigned>(p.head_dim_v / kTcBV),
+  const int64_t tiles = out_dim / kTcCols;
+  TcSplit split;
+  split.segments = partial != nullptr ? tc_segments(p, tiles) : 1;  // no workspace: one pass
+  const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments), static_cast<unsigned>(tiles),
                   static_cast<unsigned>(p.num_kv_heads));
-  chunk_fwd_tc_kernel<K><<<grid, kTcThreads, bytes, static_cast<cudaStream_t>(p.stream)>>>(p);
-  return check_launch("chunk_linear_attn forward (tensor cores)");
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (split.segments > 1) {
+    const int64_t chunks = (p.seqlen + kTcChunk - 1) / kTcChunk;
+    split.seg_chunks = static_cast<int>((chunks + split.segments - 1) / split.segments);
+    split.partial = partial;
+    split.state_only = true;
+    chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split);
+    s = check_launch(what);
+    if (s != Status::kSuccess) return s;
+    split.state_only = false;
+  }
+  chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split);
+  return check_launch(what);
+}
+
+template <class T, TcRole R>
+Status launch_tc(const LinearAttnParams& p, int64_t inner, int64_t out_dim, float* partial, const char* what) {
+  return inner == 64 ? launch_tc_role<T, R, 64>(p, out_dim, partial, what)
+                     : launch_tc_role<T, R, 128>(p, out_dim, partial, what);
+}
+
+// Workspace of the CUDA ops: [2 floats per (token, query head) for the backward][pass-1 partials].
+inline int64_t token_scalar_bytes(const LinearAttnParams& p, bool backward) {
+  const int64_t acc = p.dtype == DType::kFloat64 ? 8 : 4;
+  return backward ? (2 * p.batch * p.seqlen * p.num_heads * acc + 255) / 256 * 256 : 0;
+}
+inline int64_t workspace_bytes_for(const LinearAttnParams& p, bool backward) {
+  const int64_t K = p.head_dim_k, V = p.head_dim_v;
+  int64_t partial = 0;
+  if (!backward && tensor_core_forward(p, false)) partial = tc_partial_floats(p, K, V);
+  if (backward && tensor_core_backward(p, false)) {
+    partial = std::max({p.normalize ? tc_partial_floats(p, K, kTcCols) : 0, tc_partial_floats(p, V, K),
+                        tc_partial_floats(p, K, V)});
+  }
+  return token_scalar_bytes(p, backward) + partial * 4;
+}
+inline float* partial_ptr(const LinearAttnParams& p, bool backward) {
+  return reinterpret_cast<float*>(static_cast<char*>(p.workspace) + token_scalar_bytes(p, backward));
+}
+
+template <class T>
+Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
+  const int64_t K = p.head_dim_k, V = p.head_dim_v;
+  float* partial = partial_ptr(p, true);
+  Status s = Status::kSuccess;
+  if (p.normalize) s = launch_tc<T, TcRole::kDen>(p, K, kTcCols, partial, "chunk_linear_attn backward (denominators)");
+  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradQ>(p, V, K, partial, "chunk_linear_attn backward (dq)");
+  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradK>(p, V, K, partial, "chunk_linear_attn backward (dk)");
+  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradV>(p, K, V, partial, "chunk_linear_attn backward (dv)");
+  return s;
 }
 
 template <class T>
@@ -64,9 +166,10 @@ Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
   using A = typename AccOf<T>::type;
   const int64_t N = num_states(p), K = p.head_dim_k, V = p.head_dim_v;
   if (N == 0) return Status::kSuccess;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
     if (tensor_core_forward(p, recurrent))
-      return K == 64 ? launch_chunk_fwd_tc<64>(p) : launch_chunk_fwd_tc<128>(p);
+      return launch_tc<T, TcRole::kForward>(p, K, V, p.workspace == nullptr ? nullptr : partial_ptr(p, false),
+                                            "chunk_linear_attn forward (tensor cores)");
   }
   const int BV = static_cast<int>(V < 64 ? V : 64);
   const int64_t limit = max_dynamic_smem();
@@ -90,6 +193,9 @@ Status launch_chunk_bwd(const LinearAttnParams& p, bool recurrent) {
   if (elems > 0 && p.workspace == nullptr)
     return fail(Status::kInvalidArgument, "workspace must hold linear_attn_workspace_bytes() bytes");
   if (N == 0) return Status::kSuccess;
+  if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
+    if (tensor_core_backward(p, recurrent)) return launch_chunk_bwd_tc<T>(p);
+  }
   const int BK = static_cast<int>(K < 32 ? K : 32), BV = static_cast<int>(V < 64 ? V : 64);
   const int64_t limit = max_dynamic_smem(), a = sizeof(A);
   const int C = pick_chunk(requested_chunk(p, recurrent), [&](int c) {

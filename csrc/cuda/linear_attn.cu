@@ -1,5 +1,6 @@
 // CUDA entry points of the linear-attention ops: pick the input type, then the launcher of
 // launch.cuh (whose instantiations live in instantiations/*.cu).
+#include "launch.cuh"
 #include "launch_decls.h"
 
 namespace attnrnn::cuda {
@@ -11,6 +12,15 @@ int max_dynamic_smem() {
     return 48 * 1024;
   return bytes;
 }
+
+int sm_count() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
+  return count;
+}
+
+int64_t workspace_bytes(const LinearAttnParams& p) { return workspace_bytes_for(p, p.dout.data != nullptr); }
 
 Status chunk_fwd(const LinearAttnParams& p) {
   return dispatch_dtype(p.dtype, [&](auto t) { return launch_chunk_fwd<decltype(t)>(p, false); });

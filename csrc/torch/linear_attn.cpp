@@ -138,6 +138,15 @@ SequenceArgs sequence_args(const at::Tensor& q, const at::Tensor& k, const at::T
 
 using Launch = Status (*)(const LinearAttnParams&);
 
+// Device scratch of the call (kept alive by the caller until the launch returns; stream-ordered).
+at::Tensor allocate_workspace(LinearAttnParams& p, const at::Tensor& like) {
+  const int64_t bytes = linear_attn_workspace_bytes(p);
+  if (bytes == 0) return at::Tensor();
+  at::Tensor workspace = at::empty({bytes}, like.options().dtype(at::kByte));
+  p.workspace = workspace.data_ptr();
+  return workspace;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
     const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
@@ -158,6 +167,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
   p.o = mut_view(o);
   p.final_S = mut_data_or_null(S_final);
   p.final_z = mut_data_or_null(z_final);
+  const at::Tensor workspace = allocate_workspace(p, q);
   check_status(launch(p), op);
   return {o, S_final, z_final};
 }
@@ -202,11 +212,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   at::Tensor dz0 = a.initial_z.defined() ? at::empty({N, Hkv, K}, state_opts) : at::empty({0}, state_opts);
   p.dout = const_view(dout);
   if (o.has_value()) p.out = const_view(*o);
-  at::Tensor workspace;
-  if (const int64_t bytes = linear_attn_workspace_bytes(p); bytes > 0) {
-    workspace = at::empty({bytes}, q.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
-  }
   p.dq = mut_view(dq);
   p.dk = mut_view(dk);
   p.dv = mut_view(dv);
@@ -214,6 +219,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   p.d_final_z = dz_final.defined() ? dz_final.data_ptr() : nullptr;
   p.d_initial_S = mut_data_or_null(dS0);
   p.d_initial_z = mut_data_or_null(dz0);
+  const at::Tensor workspace = allocate_workspace(p, q);
   check_status(launch(p), op);
   return {dq, dk, dv, dS0, dz0};
 }

@@ -7,8 +7,30 @@ import torch
 from cases import Case, make_inputs, run
 from conftest import HAS_CUDA
 from numerics import relative_rms
+from test_numerics import check_all, compute_all
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+
+
+bf16, fp16 = torch.bfloat16, torch.float16
+
+# Shapes the tensor-core kernels take (bf16/fp16, K and V in {64, 128}, chunk 64): one-pass and
+# two-pass (segment split: few blocks, long sequences) sweeps, every option.
+TENSOR_CORE_CASES = [
+    Case(2, 300, 3, 64, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(2, 257, 2, 128, bf16, V=64, initial_state=True, final_state=True),
+    Case(1, 190, 4, 64, fp16, Hkv=2, V=128, feature_map="relu", initial_state=True, final_state=True),
+    Case(1, 333, 2, 128, bf16, feature_map=None, seqlens=(0, 64, 1, 200, 68)),
+    Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 4100, 4, 64, bf16, Hkv=1, initial_state=True, final_state=True),
+    Case(1, 3000, 1, 64, fp16, V=128, feature_map="relu"),
+]
+
+
+@pytest.mark.parametrize("case", TENSOR_CORE_CASES, ids=lambda c: c.id)
+def test_tensor_core_path_meets_rules(ar, ref, case):
+    ours, base, ref64 = compute_all(ar, ref, "chunk", case, "cuda")
+    check_all(ours, base, ref64, case.dtype)
 
 
 def _qkv(B, T, H, K, V, dtype, Hkv=None, device="cuda", seed=0):

@@ -1,0 +1,516 @@
+// Chunkwise scans on tensor cores (mma.sync m16n8k16, bf16/fp16 operands, fp32 accumulators and
+// state). The forward and the three backward sweeps of causal linear attention are one kernel with
+// different operands ("roles"). Per chunk of 64 tokens, with a row operand A [64 x DI], a column
+// operand B [64 x DI], a value operand Cv [64 x 64] (one tile of 64 output columns) and a state
+// S [DI x 64] kept in fp32 registers:
+//   scores  P  = mask(A B^T)        mask: s <= t on forward sweeps, s >= t on reverse sweeps
+//   output  O  = P Cv + A S         S enters as bf16 hi + lo parts (~16 mantissa bits)
+//   state   S += B^T Cv
+// With phi the feature map, s the scale, den_t = s (phi(q_t) . z_t) + eps (normalize) and
+// dO'' = w dout, w_t = s / den_t (s without normalize), dd_t = -s (dout_t . o_t) / den_t:
+//   role     A        B        Cv       sweep    output                    state   extra (normalize)
+//   forward  phi(q)   phi(k)   v        forward  o  = s O / den            S       z += colsum(B)
+//   den      phi(q)   phi(k)   -        forward  w, dd per (token, head)   -       z += colsum(B)
+//   dq       dO''     v        phi(k)   forward  dq = O phi'(q)            S^T     P += dd_t, O += dd_t z
+//   dk       v        dO''     phi(q)   reverse  dk = sum_h O phi'(k)      dS^T    P += dd_s, O += dz
+//   dv       phi(k)   phi(q)   dO''     reverse  dv = sum_h O              dS      -
+// (dq's z and dk's dz = dz_final + sum over later tokens of dd_s phi(q_s) live on the 64 output
+// columns.) Nothing larger than two floats per (token, head) is stored between the sweeps.
+//
+// Work split: one block of 4 warps per (sequence, output tile, kv head). Warp w computes output
+// rows [16w, 16w+16) and owns state rows [w DI/4, (w+1) DI/4). Tiles of the next steps stream in
+// with cp.async while the current one is computed (NS stages). A step is one (chunk, query head)
+// pair; operands of the kv head are simply loaded again for each query head (GQA, served by L2).
+#pragma once
+
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace attnrnn::cuda {
+
+enum class TcRole : int { kForward, kDen, kGradQ, kGradK, kGradV };
+enum class TcSrc : int { kQ, kK, kV, kDout, kNone };
+
+constexpr int kTcThreads = 128;
+constexpr int kTcChunk = 64;
+constexpr int kTcCols = 64;  // output columns per block
+
+template <TcRole R>
+struct TcRoleInfo {
+  static constexpr TcSrc a = R == TcRole::kGradQ ? TcSrc::kDout : R == TcRole::kGradK ? TcSrc::kV
+                             : R == TcRole::kGradV ? TcSrc::kK : TcSrc::kQ;
+  static constexpr TcSrc b = R == TcRole::kGradQ ? TcSrc::kV : R == TcRole::kGradK ? TcSrc::kDout
+                             : R == TcRole::kGradV ? TcSrc::kQ : TcSrc::kK;
+  static constexpr TcSrc c = R == TcRole::kForward ? TcSrc::kV : R == TcRole::kGradQ ? TcSrc::kK
+                             : R == TcRole::kGradK ? TcSrc::kQ : R == TcRole::kGradV ? TcSrc::kDout : TcSrc::kNone;
+  static constexpr bool reverse = R == TcRole::kGradK || R == TcRole::kGradV;
+  static constexpr bool has_state = R != TcRole::kDen;
+  // Transposed roles hold S^T / dS^T: state element (d, c) is matrix element (c, d) of [K][V].
+  static constexpr bool transposed = R == TcRole::kGradQ || R == TcRole::kGradK;
+  // dk and dv sum over the query heads of a group; the others write one output per query head.
+  static constexpr bool group_sum = reverse;
+};
+
+// Shared memory of one block (element offsets into the T region, then floats).
+template <int DI>
+struct TcLayout {
+  static constexpr int NS = DI == 64 ? 3 : 2;       // pipeline stages
+  static constexpr int LI = DI + 8, LC = kTcCols + 8;  // row strides; +8 keeps ldmatrix conflict free
+  static constexpr int A = 0;                         // [64][LI]  row operand
+  static constexpr int B = A + kTcChunk * LI;         // [64][LI]  column operand
+  static constexpr int C = B + kTcChunk * LI;         // [64][LC]  value operand
+  static constexpr int stage = C + kTcChunk * LC;     // one pipeline stage (T elements)
+  static constexpr int Sh = NS * stage;               // [DI][LC]  state hi
+  static constexpr int Sl = Sh + DI * LC;             // [DI][LC]  state lo
+  static constexpr int t_elems = Sl + DI * LC;
+  // floats after the T region: per stage w[64], dd[64]; then z[max(DI, 64)]
+  static constexpr int w = 0, dd = kTcChunk, f_stage = 2 * kTcChunk, z = NS * f_stage;
+  static constexpr int f_elems = z + (DI > kTcCols ? DI : kTcCols);
+  static constexpr int64_t bytes(int t_size) { return int64_t(t_elems) * t_size + int64_t(f_elems) * 4; }
+};
+
+__device__ __forceinline__ const ConstView& tc_view(const LinearAttnParams& p, TcSrc s) {
+  return s == TcSrc::kQ ? p.q : s == TcSrc::kK ? p.k : s == TcSrc::kV ? p.v : p.dout;
+}
+__device__ __forceinline__ bool per_query_head(TcSrc s) { return s == TcSrc::kQ || s == TcSrc::kDout; }
+
+// Two-pass scan over segments of the sequences, for shapes whose (sequence, tile, kv head) blocks do
+// not fill the GPU: pass 1 (state_only) sums each segment's change of the state (and z) into
+// `partial`; pass 2 starts every segment from the initial state plus the partials of the segments
+// before it in sweep order. segments == 1 is the plain one-pass sweep.
+struct TcSplit {
+  int segments = 1;
+  int seg_chunks = 1 << 30;  // chunks per segment, in sweep order
+  bool state_only = false;
+  float* partial = nullptr;  // [segments][N][Hkv][tiles][DI * 64 + max(DI, 64)]
+};
+
+template <int DI>
+constexpr int64_t tc_partial_floats() { return DI * kTcCols + (DI > kTcCols ? DI : kTcCols); }
+
+template <class T, TcRole R, int DI>
+__global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnParams p, const TcSplit split) {
+  using Info = TcRoleInfo<R>;
+  using L = TcLayout<DI>;
+  constexpr int NS = L::NS, KT = DI / 64, C = kTcChunk;
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  T* st = reinterpret_cast<T*>(smem_bytes);
+  float* fl = reinterpret_cast<float*>(smem_bytes + int64_t(L::t_elems) * sizeof(T));
+  T* Sh = st + L::Sh;
+  T* Sl = st + L::Sl;
+  float* z = fl + L::z;
+
+  const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
+  const int64_t n = blockIdx.x / split.segments, g = blockIdx.z;
+  const int seg = blockIdx.x % split.segments;
+  const int c0 = blockIdx.y * kTcCols;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, t2 = (lane & 3) * 2;
+  const int r0 = warp * 16;
+  const Seq seq = sequence(p, n);
+  const float scale = static_cast<float>(p.scale), eps = static_cast<float>(p.eps);
+  const int64_t state_row = n * Hkv + g;
+  float* ws_w = static_cast<float*>(p.workspace);
+  float* ws_dd = ws_w == nullptr ? nullptr : ws_w + p.batch * p.seqlen * p.num_heads;
+
+  // ---- initial state (registers) and z ---------------------------------------------------------
+  auto mat_index = [&](int d, int c) {
+    return Info::transposed ? (state_row * K + c0 + c) * V + d : (state_row * K + d) * V + c0 + c;
+  };
+  // Pass-1 partial of segment j of this block's (sequence, tile, kv head): S as [d][c], then z.
+  auto partial_at = [&](int j) {
+    const int64_t N = gridDim.x / split.segments;
+    return split.partial + (((int64_t(j) * N + n) * Hkv + g) * gridDim.y + blockIdx.y) * tc_partial_floats<DI>();
+  };
+  const int earlier = split.state_only ? 0 : seg;  // partials that precede this segment
+  float S[KT][8][4];
+  {
+    const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
+#pragma unroll
+    for (int mi = 0; mi < KT; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int d = warp * (DI / 4) + mi * 16 + gr + (e >= 2 ? 8 : 0), c = ni * 8 + t2 + (e & 1);
+          float x = (Info::has_state && S0 != nullptr && !split.state_only) ? S0[mat_index(d, c)] : 0.f;
+          for (int j = 0; j < earlier; ++j) x += partial_at(j)[d * kTcCols + c];
+          S[mi][ni][e] = x;
+        }
+  }
+  if (p.normalize) {
+    constexpr bool inner_z = R == TcRole::kForward || R == TcRole::kDen;
+    constexpr bool col_z = R == TcRole::kGradQ || R == TcRole::kGradK;
+    if constexpr (inner_z || col_z) {
+      const float* z0 = static_cast<const float*>(R == TcRole::kGradK ? p.d_final_z : p.initial_z);
+      const int zc0 = inner_z ? 0 : c0, width = inner_z ? DI : kTcCols;
+      for (int d = tid; d < width; d += kTcThreads) {
+        float x = (z0 != nullptr && !split.state_only) ? z0[state_row * K + zc0 + d] : 0.f;
+        for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * kTcCols + d];
+        z[d] = x;
+      }
+    }
+  }
+
+  // S split into hi + lo parts, row-major [d][c], for the tensor-core product A S.
+  auto publish_state = [&]() {
+#pragma unroll
+    for (int mi = 0; mi < KT; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int d = warp * (DI / 4) + mi * 16 + gr + 8 * h, c = ni * 8 + t2;
+          const float x0 = S[mi][ni][2 * h], x1 = S[mi][ni][2 * h + 1];
+          const uint32_t hi = pack2<T>(x0, x1);
+          const float2 back = unpack2<T>(hi);
+          *reinterpret_cast<uint32_t*>(Sh + d * L::LC + c) = hi;
+          *reinterpret_cast<uint32_t*>(Sl + d * L::LC + c) = pack2<T>(x0 - back.x, x1 - back.y);
+        }
+  };
+  if constexpr (Info::has_state) publish_state();
+
+  // ---- the step sequence: (chunk, query head) pairs in sweep order --------------------------------
+  const int nc = static_cast<int>((seq.len + C - 1) / C);
+  const int ci0 = min(nc, seg * split.seg_chunks), ci1 = min(nc, ci0 + split.seg_chunks);
+  const int steps = (ci1 - ci0) * static_cast<int>(G);
+  struct Step {
+    int64_t t0, h;
+    int cl;
+    bool first, last;
+  };
+  auto step_at = [&](int i) {
+    const int ci = ci0 + i / static_cast<int>(G), hi = i % static_cast<int>(G);
+    const int c = Info::reverse ? nc - 1 - ci : ci;
+    const int64_t off = int64_t(c) * C;
+    return Step{seq.t0 + off, g * G + hi, static_cast<int>(seq.len - off < C ? seq.len - off : C), hi == 0,
+                hi == G - 1};
+  };
+
+  auto load_tile = [&](T* dst, int ld, TcSrc src, int width, int col0, const Step& s) {
+    const ConstView& view = tc_view(p, src);
+    const int64_t head = per_query_head(src) ? s.h : g;
+    const int pieces = width / 8;
+    for (int i = tid; i < C * pieces; i += kTcThreads) {
+      const int t = i / pieces, e = (i % pieces) * 8;
+      const bool valid = t < s.cl;
+      const T* from = valid ? row<T>(view, seq.b, s.t0 + t, head) + col0 + e : static_cast<const T*>(view.data);
+      cp_async16(dst + t * ld + e, from, valid);
+    }
+  };
+  auto issue = [&](int i) {
+    const Step s = step_at(i);
+    T* base = st + (i % NS) * L::stage;
+    if (!split.state_only) load_tile(base + L::A, L::LI, Info::a, DI, 0, s);
+    load_tile(base + L::B, L::LI, Info::b, DI, 0, s);
+    if constexpr (Info::c != TcSrc::kNone) load_tile(base + L::C, L::LC, Info::c, kTcCols, c0, s);
+    if constexpr (R != TcRole::kForward && R != TcRole::kDen) {
+      if (p.normalize && tid < 2 * C) {
+        const int t = tid % C;
+        const bool valid = t < s.cl;
+        const int64_t idx = valid ? (seq.b * p.seqlen + s.t0 + t) * p.num_heads + s.h : 0;
+        float* f = fl + (i % NS) * L::f_stage + (tid < C ? L::w : L::dd);
+        cp_async4(f + t, (tid < C ? ws_w : ws_dd) + idx, valid);
+      }
+    }
+  };
+
+  // phi on q/k tiles and the row weights w on dout tiles, in place (rows past the chunk stay 0).
+  auto transform = [&](T* tile, int ld, TcSrc src, int width, const Step& s, const float* w) {
+    const bool fm = (src == TcSrc::kQ || src == TcSrc::kK) && p.feature_map != FeatureMap::kIdentity;
+    if (!fm && src != TcSrc::kDout) return false;
+    const int pieces = width / 8;
+    for (int i = tid; i < C * pieces; i += kTcThreads) {
+      const int t = i / pieces, e = (i % pieces) * 8;
+      if (t >= s.cl) continue;
+      uint4 x = *reinterpret_cast<uint4*>(tile + t * ld + e);
+      uint32_t* u = reinterpret_cast<uint32_t*>(&x);
+      const float wt = src == TcSrc::kDout ? (p.normalize ? w[t] : scale) : 1.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float2 f = unpack2<T>(u[j]);
+        f = fm ? make_float2(phi(p.feature_map, f.x), phi(p.feature_map, f.y)) : make_float2(f.x * wt, f.y * wt);
+        u[j] = pack2<T>(f.x, f.y);
+      }
+      *reinterpret_cast<uint4*>(tile + t * ld + e) = x;
+    }
+    return true;
+  };
+
+  // den_t = s (A_t . z + rowsum P_t) + eps for the lane's row r (its 4 lanes split the dot product).
+  auto denominator = [&](const T* As, float rowsum, int r) {
+    const T* arow = As + (r0 + gr + 8 * r) * L::LI;
+    float acc = rowsum;
+    for (int d = t2; d < DI; d += 8) {
+      const float2 a2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(arow + d));
+      acc += a2.x * z[d] + a2.y * z[d + 1];
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    return scale * acc + eps;
+  };
+
+  for (int i = 0; i < NS - 1; ++i) {
+    if (i < steps) issue(i);
+    cp_async_commit();
+  }
+  float O[8][4];
+  for (int i = 0; i < steps; ++i) {
+    if (i + NS - 1 < steps) issue(i + NS - 1);
+    cp_async_commit();
+    cp_async_wait<NS - 1>();
+    __syncthreads();  // step i has landed for every thread
+
+    const Step s = step_at(i);
+    T* As = st + (i % NS) * L::stage + L::A;
+    T* Bs = st + (i % NS) * L::stage + L::B;
+    T* Cs = st + (i % NS) * L::stage + L::C;
+    const float* w_s = fl + (i % NS) * L::f_stage + L::w;
+    const float* dd_s = fl + (i % NS) * L::f_stage + L::dd;
+    bool changed = !split.state_only && transform(As, L::LI, Info::a, DI, s, w_s);
+    changed |= transform(Bs, L::LI, Info::b, DI, s, w_s);
+    if constexpr (Info::c != TcSrc::kNone) changed |= transform(Cs, L::LC, Info::c, kTcCols, s, w_s);
+    if (changed) __syncthreads();
+
+    // ---- outputs of the step (pass 1 of a split scan only moves the state) ------------------------
+    auto needed = [&](int blk) { return Info::reverse ? blk >= warp : blk <= warp; };
+    if (!split.state_only) {
+      // ---- scores P = mask(A B^T) of rows [r0, r0+16); 16-column blocks past the diagonal skipped ----
+      float P[8][4];
+#pragma unroll
+      for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) P[ni][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < DI; kk += 16) {
+        uint32_t a[4];
+        load_a(a, As, L::LI, r0, kk, lane);
+#pragma unroll
+        for (int pr = 0; pr < 4; ++pr) {
+          if (!needed(pr)) continue;
+          uint32_t b[4];
+          load_b_nk(b, Bs, L::LI, 16 * pr, kk, lane);
+          mma16816<T>(P[2 * pr], a, b[0], b[1]);
+          mma16816<T>(P[2 * pr + 1], a, b[2], b[3]);
+        }
+      }
+      float rowsum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = r0 + gr + (e >= 2 ? 8 : 0), sc = ni * 8 + t2 + (e & 1);
+          const bool keep = Info::reverse ? sc >= t : sc <= t;
+          float x = P[ni][e];
+          if constexpr (R == TcRole::kGradQ) x += p.normalize ? dd_s[t] : 0.f;
+          if constexpr (R == TcRole::kGradK) x += p.normalize ? dd_s[sc] : 0.f;
+          P[ni][e] = keep ? x : 0.f;
+          rowsum[e >> 1] += P[ni][e];
+        }
+
+      if constexpr (R == TcRole::kDen) {
+        // ---- w_t = s / den_t and dd_t = -s (dout_t . o_t) / den_t of the lane's two rows ------------
+        {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float den = denominator(As, rowsum[r], r);
+            const int t = r0 + gr + 8 * r;
+            float dot = 0.f;
+            if (t < s.cl) {
+              const T* d_row = row<T>(p.dout, seq.b, s.t0 + t, s.h);
+              const T* o_row = row<T>(p.out, seq.b, s.t0 + t, s.h);
+              for (int v = t2; v < V; v += 8) {
+                const float2 a2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(d_row + v));
+                const float2 b2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(o_row + v));
+                dot += a2.x * b2.x + a2.y * b2.y;
+              }
+            }
+            dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+            dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+            if (t < s.cl && (lane & 3) == 0) {
+              const int64_t idx = (seq.b * p.seqlen + s.t0 + t) * p.num_heads + s.h;
+              ws_w[idx] = scale / den;
+              ws_dd[idx] = -scale * dot / den;
+            }
+          }
+        }
+      } else {
+        if (!Info::group_sum || s.first) {
+#pragma unroll
+          for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) O[ni][e] = 0.f;
+        }
+      }
+
+      if constexpr (Info::has_state) {
+        // ---- O += A S (once per chunk for group sums: A is the kv head's) and the z terms -----------
+        if (!Info::group_sum || s.first) {
+#pragma unroll
+          for (int kk = 0; kk < DI; kk += 16) {
+            uint32_t a[4];
+            load_a(a, As, L::LI, r0, kk, lane);
+#pragma unroll
+            for (int pr = 0; pr < 4; ++pr) {
+              uint32_t b[4];
+              load_b_kn(b, Sh, L::LC, 16 * pr, kk, lane);
+              mma16816<T>(O[2 * pr], a, b[0], b[1]);
+              mma16816<T>(O[2 * pr + 1], a, b[2], b[3]);
+              load_b_kn(b, Sl, L::LC, 16 * pr, kk, lane);
+              mma16816<T>(O[2 * pr], a, b[0], b[1]);
+              mma16816<T>(O[2 * pr + 1], a, b[2], b[3]);
+            }
+          }
+          if constexpr (R == TcRole::kGradQ || R == TcRole::kGradK) {
+            if (p.normalize) {
+#pragma unroll
+              for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                  const int t = r0 + gr + (e >= 2 ? 8 : 0), c = ni * 8 + t2 + (e & 1);
+                  O[ni][e] += (R == TcRole::kGradQ ? dd_s[t] : 1.f) * z[c];
+                }
+            }
+          }
+        }
+        // ---- O += P Cv: P re-packed as A fragments, 16 key rows at a time ----------------------------
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (!needed(j)) continue;
+          const uint32_t a[4] = {pack2<T>(P[2 * j][0], P[2 * j][1]), pack2<T>(P[2 * j][2], P[2 * j][3]),
+                                 pack2<T>(P[2 * j + 1][0], P[2 * j + 1][1]),
+                                 pack2<T>(P[2 * j + 1][2], P[2 * j + 1][3])};
+#pragma unroll
+          for (int pr = 0; pr < 4; ++pr) {
+            uint32_t b[4];
+            load_b_kn(b, Cs, L::LC, 16 * pr, 16 * j, lane);
+            mma16816<T>(O[2 * pr], a, b[0], b[1]);
+            mma16816<T>(O[2 * pr + 1], a, b[2], b[3]);
+          }
+        }
+
+        // ---- epilogue: one output per query head, or the group sum after its last head ---------------
+        if (!Info::group_sum || s.last) {
+          float inv[2] = {scale, scale};
+          if constexpr (R == TcRole::kForward) {
+            if (p.normalize) {
+#pragma unroll
+              for (int r = 0; r < 2; ++r) inv[r] = scale / denominator(As, rowsum[r], r);
+            }
+          }
+          const MutView& out = R == TcRole::kForward ? p.o : R == TcRole::kGradQ ? p.dq : R == TcRole::kGradK ? p.dk : p.dv;
+          const int64_t out_head = Info::group_sum ? g : s.h;
+          const bool dphi_of = (R == TcRole::kGradQ || R == TcRole::kGradK) && p.feature_map != FeatureMap::kIdentity;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int t = r0 + gr + 8 * r;
+            if (t >= s.cl) continue;
+            T* orow = row<T>(out, seq.b, s.t0 + t, out_head) + c0;
+            const T* raw = dphi_of ? row<T>(R == TcRole::kGradQ ? p.q : p.k, seq.b, s.t0 + t, out_head) + c0 : nullptr;
+#pragma unroll
+            for (int ni = 0; ni < 8; ++ni) {
+              float x0 = O[ni][2 * r], x1 = O[ni][2 * r + 1];
+              if constexpr (R == TcRole::kForward) {
+                x0 *= inv[r];
+                x1 *= inv[r];
+              }
+              if (dphi_of) {
+                const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(raw + ni * 8 + t2));
+                x0 *= dphi(p.feature_map, q2.x);
+                x1 *= dphi(p.feature_map, q2.y);
+              }
+              *reinterpret_cast<uint32_t*>(orow + ni * 8 + t2) = pack2<T>(x0, x1);
+            }
+          }
+        }
+      }
+    }
+
+    // ---- state update S += B^T Cv (every head for group sums, else once per chunk) ---------------
+    const bool update = Info::group_sum || s.last;
+    if constexpr (Info::has_state) {
+      if (update) {
+#pragma unroll
+        for (int mi = 0; mi < KT; ++mi) {
+          const int m0 = warp * (DI / 4) + mi * 16;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            uint32_t a[4];
+            load_a_trans(a, Bs, L::LI, m0, 16 * j, lane);
+#pragma unroll
+            for (int pr = 0; pr < 4; ++pr) {
+              uint32_t b[4];
+              load_b_kn(b, Cs, L::LC, 16 * pr, 16 * j, lane);
+              mma16816<T>(S[mi][2 * pr], a, b[0], b[1]);
+              mma16816<T>(S[mi][2 * pr + 1], a, b[2], b[3]);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done reading Sh/Sl and z of this step
+    if (update) {
+      if (p.normalize) {
+        if constexpr (R == TcRole::kForward || R == TcRole::kDen) {
+          for (int d = tid; d < DI; d += kTcThreads) {
+            float acc = z[d];
+            for (int t = 0; t < C; ++t) acc += static_cast<float>(Bs[t * L::LI + d]);
+            z[d] = acc;
+          }
+        } else if constexpr (R == TcRole::kGradQ || R == TcRole::kGradK) {
+          for (int c = tid; c < kTcCols; c += kTcThreads) {
+            float acc = z[c];
+            for (int t = 0; t < C; ++t)
+              acc += (R == TcRole::kGradK ? dd_s[t] : 1.f) * static_cast<float>(Cs[t * L::LC + c]);
+            z[c] = acc;
+          }
+        }
+      }
+      if constexpr (Info::has_state) {
+        if (!split.state_only) publish_state();
+      }
+    }
+    __syncthreads();  // stage i may be overwritten; z and the state copy are published
+  }
+  cp_async_wait<0>();
+
+  // ---- pass 1: this segment's partial; otherwise the final state, from the last segment -----------
+  if (split.state_only) {
+    float* part = partial_at(seg);
+#pragma unroll
+    for (int mi = 0; mi < KT; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int d = warp * (DI / 4) + mi * 16 + gr + (e >= 2 ? 8 : 0), c = ni * 8 + t2 + (e & 1);
+          part[d * kTcCols + c] = S[mi][ni][e];
+        }
+    for (int d = tid; d < (DI > kTcCols ? DI : kTcCols); d += kTcThreads) part[DI * kTcCols + d] = p.normalize ? z[d] : 0.f;
+    return;
+  }
+  if (seg != split.segments - 1) return;
+  if constexpr (R == TcRole::kForward || R == TcRole::kGradV) {
+    float* out = static_cast<float*>(R == TcRole::kForward ? p.final_S : p.d_initial_S);
+    if (out != nullptr) {
+#pragma unroll
+      for (int mi = 0; mi < KT; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int d = warp * (DI / 4) + mi * 16 + gr + (e >= 2 ? 8 : 0), c = ni * 8 + t2 + (e & 1);
+            out[mat_index(d, c)] = S[mi][ni][e];
+          }
+    }
+  }
+  if constexpr (R == TcRole::kForward) {
+    if (p.final_z != nullptr && blockIdx.y == 0)
+      for (int d = tid; d < DI; d += kTcThreads) static_cast<float*>(p.final_z)[state_row * K + d] = z[d];
+  }
+  if constexpr (R == TcRole::kGradK) {
+    if (p.d_initial_z != nullptr)
+      for (int c = tid; c < kTcCols; c += kTcThreads) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + c] = z[c];
+  }
+}
+
+}  // namespace attnrnn::cuda
