@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU machine's whole job in one call: build attnrnn with CUDA, run the test suite on CUDA,
 # optionally compute-sanitizer and the benchmarks. Logs and JSON go to $OUT (default ./out).
-#   scripts/gpu_suite.sh [tests] [sanitize] [bench] [fla]
+#   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [bench] [fla]
+# TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python. "sweep" times the
+# tensor-core scan at the training shapes with the automatic and the one-pass segment split.
 # "fla" installs .whl/fla_core-*.whl (copied from shared/wheels) so the benchmarks include fla.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -36,7 +38,9 @@ grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -5
 status=0
 if want tests; then
   # One process per file, so that a crash in one cannot hide the others' results.
-  for f in tests/python/test_*.py; do
+  files=$(ls tests/python/test_*.py)
+  [ -n "${TEST_FILES:-}" ] && files=$(printf 'tests/python/%s ' $TEST_FILES)
+  for f in $files; do
     python3 -m pytest -q -p no:cacheprovider "$f" -k "cuda" -rf >>"$OUT/pytest_cuda.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && [ $rc -ne 5 ] && status=1
@@ -49,6 +53,11 @@ if want sanitize; then
       python3 -m pytest -q -p no:cacheprovider tests/python/test_sanitizer_cases.py -k cuda -x \
       >"$OUT/sanitize_$tool.log" 2>&1
     echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1))"
+  done
+fi
+if want sweep; then
+  for seg in 0 1; do
+    ATTNRNN_TC_SEGMENTS=$seg python3 scripts/tc_sweep.py --out "$OUT/sweep_seg$seg.json" 2>&1 | sed "s/^/seg=$seg /"
   done
 fi
 if want bench; then
