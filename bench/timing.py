@@ -1,11 +1,18 @@
-"""Timing: medians over repeats after warm-up; CUDA events on the GPU, perf_counter on the CPU."""
+"""Timing: medians over repeats after warm-up; CUDA events on the GPU, perf_counter on the CPU.
+Memory: peak CUDA memory of one call, from torch's caching allocator."""
+import gc
 import statistics
 import time
 
 import torch
 
+# Set by `python -m bench --quick` (a smoke run: fewer repeats, no minimum duration).
+QUICK = False
+
 
 def median_ms(fn, device, warmup=3, repeats=15, min_seconds=0.5):
+    if QUICK:
+        warmup, repeats, min_seconds = 1, 3, 0.0
     for _ in range(warmup):
         fn()
     times = []
@@ -26,3 +33,37 @@ def median_ms(fn, device, warmup=3, repeats=15, min_seconds=0.5):
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def _settle():
+    gc.collect()
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated()
+
+
+def resident_growth_bytes(fn):
+    """CUDA memory still allocated after fn() that was not before (fn must drop what it returns):
+    workspaces or caches an op keeps across calls. Run it on the op's first (warm-up) call."""
+    before = _settle()
+    fn()
+    return _settle() - before
+
+
+def peak_cuda_bytes(make_inputs, run):
+    """Peak CUDA memory of run(*make_inputs()), the inputs included, in bytes.
+
+    The inputs are made first and the allocator's peak is reset once they exist, so the peak is
+    max(allocated during run) - allocated before the inputs: inputs + everything run allocates at
+    its highest point (outputs, saved tensors, gradients, temporaries). Call it after a warm-up
+    call of the same op (autotuning, lazy workspaces), never before.
+    """
+    before = _settle()
+    inputs = make_inputs()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    run(*inputs)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del inputs
+    _settle()
+    return peak
