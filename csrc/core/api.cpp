@@ -182,8 +182,8 @@ Status linear_attn_step(const LinearAttnStepParams& p) {
 }  // namespace attnrnn
 
 // ---- softmax attention as an RNN --------------------------------------------------------------
-// CUDA kernels for these ops are not written yet: CUDA params return kNotImplemented (the glue
-// raises NotImplementedError naming the op), so the CUDA build needs no new files.
+// CUDA params run the kernels of csrc/cuda/softmax_*.cuh; a build without CUDA returns
+// kNotImplemented (the glue raises NotImplementedError naming the op).
 #include "softmax_kernels.h"
 
 namespace attnrnn {
@@ -235,11 +235,14 @@ Status check_softmax_step(const SoftmaxAttnStepParams& p) {
 
 
 template <class Params>
-Status dispatch_softmax(const Params& p, Status checked, Status (*on_cpu)(const Params&), const char* op) {
+Status dispatch_softmax(const Params& p, Status checked, typename KernelOf<Params>::type on_cpu,
+                        typename KernelOf<Params>::type on_cuda, const char* op) {
   if (checked != Status::kSuccess) return checked;
   switch (p.device) {
     case Device::kCPU: return on_cpu(p);
-    case Device::kCUDA: return fail(Status::kNotImplemented, "%s has no CUDA kernel yet (CPU only)", op);
+    case Device::kCUDA:
+      if (on_cuda == nullptr) return fail(Status::kNotImplemented, "%s has no CUDA kernel yet (CPU only)", op);
+      return on_cuda(p);
   }
   return fail(Status::kInvalidArgument, "unknown device %d", static_cast<int>(p.device));
 }
@@ -247,13 +250,16 @@ Status dispatch_softmax(const Params& p, Status checked, Status (*on_cpu)(const 
 }  // namespace
 
 Status softmax_attn_fwd(const SoftmaxAttnParams& p) {
-  return dispatch_softmax(p, check_softmax(p, false), cpu::softmax_fwd, "softmax_attn_fwd");
+  return dispatch_softmax(p, check_softmax(p, false), cpu::softmax_fwd, ATTNRNN_CUDA_KERNEL(softmax_fwd),
+                          "softmax_attn_fwd");
 }
 Status softmax_attn_bwd(const SoftmaxAttnParams& p) {
-  return dispatch_softmax(p, check_softmax(p, true), cpu::softmax_bwd, "softmax_attn_bwd");
+  return dispatch_softmax(p, check_softmax(p, true), cpu::softmax_bwd, ATTNRNN_CUDA_KERNEL(softmax_bwd),
+                          "softmax_attn_bwd");
 }
 Status softmax_attn_step(const SoftmaxAttnStepParams& p) {
-  return dispatch_softmax(p, check_softmax_step(p), cpu::softmax_step, "softmax_attn_step");
+  return dispatch_softmax(p, check_softmax_step(p), cpu::softmax_step, ATTNRNN_CUDA_KERNEL(softmax_step),
+                          "softmax_attn_step");
 }
 
 }  // namespace attnrnn

@@ -26,6 +26,13 @@ void head_dims(int64_t H, int64_t Hkv, int64_t D, int64_t Dv, const char* op) {
   TORCH_CHECK_VALUE(Dv >= 1 && Dv <= 256, op, ": v head dim Dv must be in [1, 256], got ", Dv);
 }
 
+// Device scratch the kernels asked for (undefined when none): bytes on q's device, on its stream's
+// allocator, so CUDA graph capture records it like any other allocation.
+at::Tensor scratch(int64_t bytes, const at::Tensor& q) {
+  if (bytes <= 0) return at::Tensor();
+  return at::empty({bytes}, q.options().dtype(at::kByte));
+}
+
 struct Args {
   SoftmaxAttnParams p;
   at::Tensor cu;  // kept alive
@@ -126,6 +133,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> softmax_attn_bwd(const at::Tensor
   p.dq = mut_view(dq);
   p.dk = mut_view(dk);
   p.dv = mut_view(dv);
+  const at::Tensor workspace = scratch(attnrnn::softmax_attn_bwd_workspace_bytes(p), q);
+  p.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
   check_status(attnrnn::softmax_attn_bwd(p), op);
   return {dq, dk, dv};
 }
@@ -195,6 +204,8 @@ at::Tensor softmax_attn_step(const at::Tensor& q, at::Tensor& k_cache, at::Tenso
   p.cache_seqlens = lens.data_ptr<int32_t>();
   p.scale = scale;
   p.split_size = split_size;
+  const at::Tensor workspace = scratch(attnrnn::softmax_attn_step_workspace_bytes(p), q);
+  p.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
   check_status(attnrnn::softmax_attn_step(p), op);
   return o;
 }

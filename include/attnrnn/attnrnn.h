@@ -108,7 +108,8 @@ struct LinearAttnParams {
   bool normalize = false;
   int64_t chunk_size = 0;  // 0 = the kernel's own choice; chunk ops only
 
-  // Device scratch of linear_attn_workspace_bytes(params) bytes (backward on CUDA); 256-byte aligned.
+  // Device scratch of linear_attn_workspace_bytes(params) bytes (CUDA); 256-byte aligned. Without it
+  // the CUDA forward runs as one pass (no segment split) and the CUDA backward fails.
   void* workspace = nullptr;
 
   CpuExecutor executor;
@@ -149,7 +150,8 @@ Status recurrent_linear_attn_fwd(const LinearAttnParams& params);
 Status recurrent_linear_attn_bwd(const LinearAttnParams& params);
 Status linear_attn_step(const LinearAttnStepParams& params);
 
-// Bytes of device scratch the backward of this call needs in params.workspace (0 on CPU).
+// Bytes of device scratch this call needs in params.workspace (0 on CPU): the forward's when
+// params.dout.data is null, else the backward's. Fill every other field first.
 int64_t linear_attn_workspace_bytes(const LinearAttnParams& params);
 
 // True when the library was built with its CUDA kernels.
@@ -197,6 +199,10 @@ struct SoftmaxAttnParams {
   double scale = 1.0;
   bool causal = true;
 
+  // Device scratch of softmax_attn_bwd_workspace_bytes(params) bytes (backward on CUDA: D_i per
+  // query, laid out like lse); 256-byte aligned. Unused by the forward and on the CPU.
+  void* workspace = nullptr;
+
   CpuExecutor executor;
 };
 
@@ -220,11 +226,20 @@ struct SoftmaxAttnStepParams {
   double scale = 1.0;
   int64_t split_size = 0;  // keys per split; 0 = the kernel's choice
 
+  // Device scratch of softmax_attn_step_workspace_bytes(params) bytes (CUDA, when the cache is
+  // cut into more than one split: partial (m, l, y[Dv]) per (b, head, split)); 256-byte aligned.
+  void* workspace = nullptr;
+
   CpuExecutor executor;
 };
 
 Status softmax_attn_fwd(const SoftmaxAttnParams& params);
 Status softmax_attn_bwd(const SoftmaxAttnParams& params);
 Status softmax_attn_step(const SoftmaxAttnStepParams& params);
+
+// Bytes of device scratch these calls need in params.workspace (0 on the CPU). The step's depends
+// on batch, num_heads, num_kv_heads, head_dim_v, max_seqlen, split_size and dtype only.
+int64_t softmax_attn_bwd_workspace_bytes(const SoftmaxAttnParams& params);
+int64_t softmax_attn_step_workspace_bytes(const SoftmaxAttnStepParams& params);
 
 }  // namespace attnrnn

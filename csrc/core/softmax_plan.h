@@ -1,0 +1,53 @@
+// How the CUDA softmax-attention kernels cut their work, where the host must know it before the
+// launch: the decode step's split of the cache and the scratch both ops need. Pure C++ (no CUDA
+// headers): softmax_workspace.cpp sizes the caller's workspace with it, and the CUDA launchers
+// (csrc/cuda/softmax_launch.cuh) use the same numbers, so the two cannot disagree.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "attnrnn/attnrnn.h"
+
+namespace attnrnn::plan {
+
+// Decode step: enough splits that B * Hkv * splits >= kStepTargetBlocks (4 resident blocks on
+// each of the H200's 132 SMs), at least kStepMinSplit keys per split, split sizes a multiple of
+// kStepSplitAlign. Only Lmax is known on the host (cache_seqlens lives on the device), so the
+// split is planned over Lmax; splits past a sequence's length exit at once.
+constexpr int64_t kStepTargetBlocks = 4 * 132;
+constexpr int64_t kStepMinSplit = 256;
+constexpr int64_t kStepSplitAlign = 64;
+
+inline int64_t acc_bytes(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
+
+inline int64_t step_split_size(const SoftmaxAttnStepParams& p) {
+  if (p.split_size > 0) return p.split_size;
+  const int64_t rows = std::max<int64_t>(1, p.batch * p.num_kv_heads);
+  const int64_t splits = (kStepTargetBlocks + rows - 1) / rows;
+  const int64_t per = (std::max<int64_t>(p.max_seqlen, 1) + splits - 1) / splits;
+  return std::max(kStepMinSplit, (per + kStepSplitAlign - 1) / kStepSplitAlign * kStepSplitAlign);
+}
+
+inline int64_t step_num_splits(const SoftmaxAttnStepParams& p) {
+  const int64_t split = step_split_size(p);
+  return std::max<int64_t>(1, (p.max_seqlen + split - 1) / split);
+}
+
+// Partial results of one (batch entry, query head, split): m, l, then acc[Dv].
+inline int64_t step_partial_stride(const SoftmaxAttnStepParams& p) { return p.head_dim_v + 2; }
+
+inline int64_t step_workspace_bytes(const SoftmaxAttnStepParams& p) {
+  if (p.device != Device::kCUDA) return 0;
+  const int64_t splits = step_num_splits(p);
+  if (splits <= 1) return 0;  // one split writes o directly
+  return p.batch * p.num_heads * splits * step_partial_stride(p) * acc_bytes(p.dtype);
+}
+
+// Backward: D_i = dout_i . o_i per (batch, head, query), laid out like lse [B, H, Tq].
+inline int64_t bwd_workspace_bytes(const SoftmaxAttnParams& p) {
+  if (p.device != Device::kCUDA) return 0;
+  return p.batch * p.num_heads * p.seqlen_q * acc_bytes(p.dtype);
+}
+
+}  // namespace attnrnn::plan

@@ -1,0 +1,277 @@
+// Pieces shared by the softmax-attention CUDA kernels: sequence geometry with the bottom-right
+// causal alignment, the block -> (sequence, head, block start) map (varlen without a host sync),
+// tensor-core fragments (ldmatrix, mma.sync m16n8k16 bf16/fp16), cp.async and warp reductions.
+//
+// Fragment layout of mma.m16n8k16 (g = lane / 4, t2 = 2 * (lane % 4)):
+//   A (16 x 16, row-major): a0 = (g, t2..t2+1), a1 = (g+8, t2..), a2 = (g, t2+8..), a3 = (g+8, t2+8..)
+//   B (16 x 8, "col"):      b0 = (k = t2..t2+1, n = g), b1 = (k = t2+8.., n = g)
+//   C (16 x 8, fp32):       c0, c1 = (g, t2), (g, t2+1);  c2, c3 = (g+8, t2), (g+8, t2+1)
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "common.cuh"
+
+namespace attnrnn::cuda::sm {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---- geometry -----------------------------------------------------------------------------------
+// Sequence n: queries [q0, q0 + Lq) and keys [k0, k0 + Lk) of batch entry b.
+struct Seq {
+  int64_t b, q0, Lq, k0, Lk;
+  bool causal;
+  // Keys visible to query i (0-based): [0, key_end(i)); query i sees key j iff j <= i + Lk - Lq.
+  __device__ __forceinline__ int64_t key_end(int64_t i) const {
+    if (!causal) return Lk;
+    const int64_t e = i + Lk - Lq + 1;
+    return e < 0 ? 0 : (e > Lk ? Lk : e);
+  }
+  // First query that sees key j (Lq when none does).
+  __device__ __forceinline__ int64_t first_query(int64_t j) const {
+    if (!causal) return 0;
+    const int64_t i = j - (Lk - Lq);
+    return i < 0 ? 0 : (i > Lq ? Lq : i);
+  }
+};
+
+__device__ __forceinline__ int64_t cu_at(const SoftmaxAttnParams& p, int64_t n) {
+  const int64_t v = p.cu_seqlens_int64 ? static_cast<const int64_t*>(p.cu_seqlens)[n]
+                                       : int64_t(static_cast<const int32_t*>(p.cu_seqlens)[n]);
+  // Values are not validated on the device (a host sync): clamping keeps bad offsets in bounds.
+  return v < 0 ? 0 : (v > p.seqlen_q ? p.seqlen_q : v);
+}
+
+__device__ __forceinline__ Seq sequence(const SoftmaxAttnParams& p, int64_t n) {
+  if (p.cu_seqlens == nullptr) return Seq{n, 0, p.seqlen_q, 0, p.seqlen_k, p.causal};
+  const int64_t begin = cu_at(p, n), end_raw = cu_at(p, n + 1);
+  const int64_t end = end_raw < begin ? begin : end_raw;
+  return Seq{0, begin, end - begin, begin, end - begin, p.causal};
+}
+
+// Blocks of `blk` rows (queries, or keys when keys = true) per (sequence, head). Without varlen
+// there are ceil(T / blk) per (batch, head). With varlen, sequence n's blocks are numbered from
+// s(n) = floor(cu[n] / blk) + n: s is increasing and leaves room for ceil(L_n / blk) blocks, so
+// floor(T / blk) + N numbers per head cover all sequences and a block finds its sequence by a
+// binary search over cu_seqlens (no host sync, at most N idle blocks).
+inline int64_t blocks_per_head(const SoftmaxAttnParams& p, int64_t T, int blk) {
+  if (p.cu_seqlens != nullptr) return T / blk + p.num_seqs;
+  return (T + blk - 1) / blk;
+}
+
+struct BlockPos {
+  Seq s;
+  int64_t head, start;  // start: first query (or key) of the block within the sequence
+};
+
+// Block u of the flattened grid [batch][heads][per_head]. reverse: the last block of a sequence
+// first (causal query blocks with the most keys start earliest). False for an idle block.
+__device__ __forceinline__ bool locate_block(const SoftmaxAttnParams& p, int64_t u, int64_t per_head, int blk,
+                                             int64_t heads, bool keys, bool reverse, BlockPos& out) {
+  const int64_t r = u % per_head, bh = u / per_head;
+  out.head = bh % heads;
+  int64_t n = bh / heads, j = r;
+  if (p.cu_seqlens != nullptr && p.num_seqs == 0) return false;
+  if (p.cu_seqlens != nullptr) {
+    int64_t lo = 0, hi = p.num_seqs - 1;  // largest n with s(n) <= r
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (cu_at(p, mid) / blk + mid <= r) lo = mid;
+      else hi = mid - 1;
+    }
+    n = lo;
+    j = r - (cu_at(p, n) / blk + n);
+  }
+  out.s = sequence(p, n);
+  const int64_t len = keys ? out.s.Lk : out.s.Lq;
+  const int64_t nb = (len + blk - 1) / blk;
+  if (j >= nb) return false;
+  out.start = (reverse ? nb - 1 - j : j) * blk;
+  return true;
+}
+
+// lse / D element of query i (within the sequence) of head h: [B, H, Tq] layout.
+__device__ __forceinline__ int64_t row_index(const SoftmaxAttnParams& p, const Seq& s, int64_t h, int64_t i) {
+  return (s.b * p.num_heads + h) * p.seqlen_q + s.q0 + i;
+}
+
+// ---- warp reductions ----------------------------------------------------------------------------
+template <class A>
+__device__ __forceinline__ A warp_sum(A x) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+template <class A>
+__device__ __forceinline__ A warp_max(A x) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) x = fmax(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+template <class A>
+__device__ __forceinline__ A neg_inf() {
+  return -INFINITY;
+}
+
+// 2^x on the SFU (ex2.approx, ~2 ulp); 2^-inf = 0.
+__device__ __forceinline__ float exp2_fast(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- cp.async -----------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; when !valid nothing is read and the 16 bytes are zero-filled.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// rows x D tile of a [B, T, H, D] view (token t0 + r, head h) into shared memory (row pitch P
+// elements); rows >= valid are zero-filled. D % 8 == 0 and 16-byte aligned rows.
+template <int ROWS, int D, int P, int THREADS, class T>
+__device__ __forceinline__ void load_tile_async(T* dst, const ConstView& v, int64_t b, int64_t t0, int64_t h,
+                                                int64_t valid, int tid) {
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int c = tid; c < ROWS * kChunks; c += THREADS) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool ok = r < valid;
+    const T* src = ok ? row<T>(v, b, t0 + r, h) + col : static_cast<const T*>(v.data);
+    cp_async16(dst + r * P + col, src, ok);
+  }
+}
+
+// Stores rows [0, valid) of a ROWS x D shared tile (pitch P) to a view with 16-byte vectors.
+template <int ROWS, int D, int P, int THREADS, class T>
+__device__ __forceinline__ void store_tile(const T* src, const MutView& v, int64_t b, int64_t t0, int64_t h,
+                                           int64_t valid, int tid) {
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int c = tid; c < ROWS * kChunks; c += THREADS) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    if (r < valid)
+      *reinterpret_cast<uint4*>(row<T>(v, b, t0 + r, h) + col) = *reinterpret_cast<const uint4*>(src + r * P + col);
+  }
+}
+
+// ---- tensor-core fragments ----------------------------------------------------------------------
+// ldmatrix x4 at shared-space byte addresses: each lane supplies one row address of one of the
+// four 8 x 8 matrices (lanes 8i..8i+7: matrix i). Callers add a per-lane offset once
+// (lane_off_a / lane_off_b, in elements) to the tile's shared address, then compile-time
+// offsets, so the instructions use immediate offsets instead of one register per address.
+//
+// lane_off_a, for a tile stored [row][col] (pitch P):
+//   ldsm   -> the A operand at rows [r0, r0+16), columns [c0, c0+16): a0..a3
+//   ldsm_t -> the B operands of n-tiles [n0, n0+8), [n0+8, n0+16) over k in [k0, k0+16) from a
+//             tile stored [k][n] (e.g. V rows for O = P V): r0, r1 for n0; r2, r3 for n0+8
+// lane_off_b, for a tile stored [n][k] (row n holds B's column n, e.g. K rows for S = Q Kᵀ):
+//   ldsm   -> the same B operands: r0, r1 for n-tile n0; r2, r3 for n0+8
+__device__ __forceinline__ int lane_off_a(int lane, int P) {
+  return ((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 8;
+}
+__device__ __forceinline__ int lane_off_b(int lane, int P) {
+  return ((lane & 7) + (lane >> 4) * 8) * P + ((lane >> 3) & 1) * 8;
+}
+
+__device__ __forceinline__ void ldsm(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Byte offset of element (row, col) in a 2-byte tile of pitch P.
+__host__ __device__ constexpr uint32_t at2(int row, int col, int P) { return 2u * static_cast<uint32_t>(row * P + col); }
+
+template <class T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// A operand of k-step j (columns [16j, 16j+16)) from C accumulators c[2j], c[2j+1] (n-tiles of 8).
+template <class T>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);
+  a[1] = pack2<T>(c0[2], c0[3]);
+  a[2] = pack2<T>(c1[0], c1[1]);
+  a[3] = pack2<T>(c1[2], c1[3]);
+}
+
+// Writes accumulators c[N/8][4] of a warp's 16 rows (scaled by f[row half]) into a shared tile
+// at rows [r0, r0+16) as T (pitch P), for a coalesced store_tile afterwards.
+template <class T, int N>
+__device__ __forceinline__ void stage_acc(T* tile, int P, int r0, const float (&c)[N / 8][4], const float (&f)[2],
+                                          int lane) {
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+  for (int ni = 0; ni < N / 8; ++ni)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<uint32_t*>(tile + (r0 + g + 8 * h) * P + ni * 8 + t2) =
+          pack2<T>(c[ni][2 * h] * f[h], c[ni][2 * h + 1] * f[h]);
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&c)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[i][e] = 0.f;
+}
+
+// 16-byte alignment of every row of a view of 2-byte elements (cp.async / vector stores).
+template <class View>
+inline bool rows16(const View& x, int elem_bytes) {
+  const int64_t per = 16 / elem_bytes;
+  return reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && x.stride_b % per == 0 && x.stride_t % per == 0 &&
+         x.stride_h % per == 0;
+}
+
+}  // namespace attnrnn::cuda::sm
