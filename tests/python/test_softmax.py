@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from cases import assert_fake_kernel_raises_like_the_op
-from numerics import assert_close_by_rules
+from numerics import assert_close_by_rules, relative_rms
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 _dt_id = lambda d: str(d).split(".")[-1]  # noqa: E731
@@ -39,26 +39,66 @@ SHAPES = [
     (2, 130, 130, 4, 2, 32, 40, 5.0),   # scores x5: large logits, peaked softmax
     (1, 200, 77, 2, 2, 16, 16, 1.0),    # Tq > Tk: the first 123 queries see no key
 ]
+# Tensor-core paths on CUDA (bf16/fp16, D = Dv in {64, 128}): blocks of 128 queries x 64 keys
+# forward and dq, 128 keys x 64 queries dk/dv; lengths off the block sizes, GQA/MQA, Tq != Tk.
+SHAPES_CUDA = [
+    (2, 300, 300, 4, 2, 128, 128, 1.0),
+    (1, 1000, 1000, 8, 1, 128, 128, 5.0),  # MQA, scores x5
+    (1, 129, 400, 2, 2, 128, 128, 1.0),    # Tq < Tk
+    (1, 400, 129, 4, 2, 64, 64, 1.0),      # Tq > Tk: 271 queries see no key
+    (3, 65, 65, 2, 2, 64, 64, 1.0),
+    (1, 4224, 4224, 2, 2, 128, 128, 1.0),
+]
+_CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dt_id)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:7])) + f"-s{s[7]:g}")
-def test_forward_backward_by_rules(ar, ref, device, shape, dtype):
+def _shape_id(device, shape, dtype, causal=True):
+    B, Tq, Tk, H, Hkv, D, Dv, mult = shape
+    sid = f"{device}-B{B}-Tq{Tq}-Tk{Tk}-H{H}" + (f"-Hkv{Hkv}" if Hkv != H else "") + f"-D{D}"
+    sid += (f"-Dv{Dv}" if Dv != D else "") + (f"-x{mult:g}" if mult != 1 else "") + ("" if causal else "-full")
+    return sid + "-" + {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+
+
+def _rule_params(shapes, devices, dtypes, causals=(True,)):
+    out = []
+    for device in devices:
+        marks = [_CUDA_ONLY] if device == "cuda" else []
+        for shape in shapes:
+            for dtype in dtypes:
+                for causal in causals:
+                    out.append(pytest.param(device, shape, dtype, causal, marks=marks,
+                                            id=_shape_id(device, shape, dtype, causal)))
+    return out
+
+
+def _check_by_rules(ar, device, shape, dtype, causal=True, cu_seqlens=None):
     B, Tq, Tk, H, Hkv, D, Dv, mult = shape
     q, k, v = _qkv(B, Tq, Tk, H, Hkv, D, Dv, dtype, device, mult=mult)
     g = torch.Generator().manual_seed(1)
     do = _mk((B, Tq, H, Dv), dtype, device, g)
-    ours = _run(ar.softmax.streaming_attn, q, k, v, do)
-    pt = _run(ar.softmax.reference_attn, q, k, v, do)
-    r64 = _run(ar.softmax.reference_attn, q.double(), k.double(), v.double(), do.double())
+    kw = dict(causal=causal, cu_seqlens=cu_seqlens)
+    ours = _run(ar.softmax.streaming_attn, q, k, v, do, **kw)
+    pt = _run(ar.softmax.reference_attn, q, k, v, do, **kw)
+    r64 = _run(ar.softmax.reference_attn, q.double(), k.double(), v.double(), do.double(), **kw)
     for name, x, x_pt, x_ref in zip(("o", "dq", "dk", "dv"), ours, pt, r64):
         assert_close_by_rules(x, x_pt, x_ref, kind="fwd" if name == "o" else "bwd", dtype=dtype, name=name)
-    o, lse = ar.softmax.streaming_attn(q, k, v, return_lse=True)
+    o, lse = ar.softmax.streaming_attn(q, k, v, return_lse=True, **kw)
     assert lse.dtype == torch.float32 and lse.shape == (B, H, Tq)
-    _, lse_ref = ar.softmax.reference_attn(q.double(), k.double(), v.double())
+    _, lse_ref = ar.softmax.reference_attn(q.double(), k.double(), v.double(), **kw)
     seen = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse), seen)
     torch.testing.assert_close(lse[seen].double(), lse_ref[seen], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device,shape,dtype,causal", _rule_params(SHAPES, ("cpu", "cuda"), DTYPES))
+def test_forward_backward_by_rules(ar, device, shape, dtype, causal):
+    _check_by_rules(ar, device, shape, dtype, causal)
+
+
+@pytest.mark.parametrize("device,shape,dtype,causal",
+                         _rule_params(SHAPES_CUDA, ("cuda",), [torch.bfloat16, torch.float16], (True, False)))
+def test_cuda_tensor_core_paths_by_rules(ar, device, shape, dtype, causal):
+    _check_by_rules(ar, device, shape, dtype, causal)
 
 
 def test_float64_stays_float64(ar, device):
@@ -365,11 +405,210 @@ def test_bad_inputs_name_the_argument(ar, device, build):
         fn(*args, **d)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_raises_not_implemented(ar):
-    q, k, v = _qkv(1, 4, 4, 2, 2, 8, 8, torch.float32, "cuda")
-    with pytest.raises(NotImplementedError, match="streaming_attn"):
-        ar.softmax.streaming_attn(q, k, v)
-    kc, vc = k.clone(), v.clone()
-    with pytest.raises(NotImplementedError, match="softmax_attn_step"):
-        ar.softmax.softmax_attn_step(q[:, 0], kc, vc, torch.ones(1, dtype=torch.int32, device="cuda"))
+# ---- CUDA only: paths, poisoned outputs, CPU agreement, determinism, decode, graphs ---------------
+
+def _poison_cuda_allocator(*tensors_like):
+    """Fill blocks of the caching allocator with NaN and free them, so that outputs the next op
+    allocates with these sizes start as NaN (R3: an element the kernels forget to write shows)."""
+    junk = [torch.full_like(t, float("nan")) for t in tensors_like]
+    junk += [torch.full((1 << 22,), float("nan"), device="cuda") for _ in range(4)]
+    del junk
+
+
+@_CUDA_ONLY
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=_dt_id)
+@pytest.mark.parametrize("D", [64, 128])
+def test_cuda_varlen_tensor_cores_by_rules(ar, D, dtype):
+    # empty, 1-token, block-crossing sequences packed along T; GQA
+    cu = torch.tensor([0, 0, 1, 130, 130, 387, 388, 600], dtype=torch.int32, device="cuda")
+    _check_by_rules(ar, "cuda", (1, 600, 600, 4, 2, D, D, 1.0), dtype, True, cu)
+    _check_by_rules(ar, "cuda", (1, 600, 600, 4, 2, D, D, 1.0), dtype, False, cu.long())
+
+
+@_CUDA_ONLY
+@pytest.mark.parametrize("dtype,D", [(torch.bfloat16, 64), (torch.float16, 128), (torch.float32, 64),
+                                     (torch.bfloat16, 40)], ids=["bf16-D64", "fp16-D128", "fp32-D64", "bf16-D40"])
+def test_cuda_fully_masked_rows_and_empty_sequences_nan_poisoned(ar, dtype, D):
+    """Rows that see no key: o = 0, lse = -inf, dq = 0, no NaN anywhere, on every path."""
+    for B, Tq, Tk, cu in ((2, 300, 100, None), (2, 70, 0, None), (1, 300, 300, [0, 0, 150, 150, 151, 300, 300])):
+        q, k, v = _qkv(B, Tq, Tk, 4, 2, D, D, dtype, "cuda")
+        cu_t = torch.tensor(cu, dtype=torch.int32, device="cuda") if cu is not None else None
+        xs = [x.clone().requires_grad_() for x in (q, k, v)]
+        _poison_cuda_allocator(q, k, v, q.new_empty(B, 4, Tq, dtype=torch.float32))
+        o, lse = ar.softmax.streaming_attn(*xs, return_lse=True, cu_seqlens=cu_t)
+        _poison_cuda_allocator(q, k, v)
+        (o.float() * torch.linspace(-1, 1, D, device="cuda")).sum().backward()
+        for x in [o] + [x.grad for x in xs]:
+            assert torch.isfinite(x).all()
+        if cu is None:
+            dead = Tq - Tk
+            assert torch.equal(o[:, :dead], torch.zeros_like(o[:, :dead]))
+            assert torch.isneginf(lse[..., :dead]).all() and torch.isfinite(lse[..., dead:]).all()
+            assert torch.equal(xs[0].grad[:, :dead], torch.zeros_like(xs[0].grad[:, :dead]))
+        else:
+            assert torch.isfinite(lse).all()
+        r64 = ar.softmax.reference_attn(q.double(), k.double(), v.double(),
+                                        cu_seqlens=cu_t.cpu() if cu is not None else None)[0]
+        tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}[dtype]
+        assert relative_rms(o, r64) <= tol
+
+
+@_CUDA_ONLY
+@pytest.mark.parametrize("dtype,D,Dv", [(torch.float32, 48, 40), (torch.bfloat16, 64, 64), (torch.bfloat16, 128, 128),
+                                        (torch.float64, 24, 20), (torch.float16, 96, 96)],
+                         ids=["fp32-D48-Dv40", "bf16-D64", "bf16-D128", "fp64-D24-Dv20", "fp16-D96"])
+def test_cuda_matches_cpu(ar, dtype, D, Dv):
+    cu = [0, 33, 33, 200, 260]
+    for B, Tq, Tk, cu_l in ((2, 150, 190, None), (1, 260, 260, cu)):
+        q, k, v = _qkv(B, Tq, Tk, 4, 2, D, Dv, dtype, "cpu")
+        do = _mk((B, Tq, 4, Dv), dtype, "cpu", torch.Generator().manual_seed(3))
+        cu_t = torch.tensor(cu_l, dtype=torch.int32) if cu_l is not None else None
+        on_cpu = _run(ar.softmax.streaming_attn, q, k, v, do, cu_seqlens=cu_t)
+        on_cuda = _run(ar.softmax.streaming_attn, q.cuda(), k.cuda(), v.cuda(), do.cuda(),
+                       cu_seqlens=cu_t.cuda() if cu_t is not None else None)
+        tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}[dtype]
+        for name, a, b in zip(("o", "dq", "dk", "dv"), on_cuda, on_cpu):
+            assert relative_rms(a.cpu(), b) <= tol, name
+
+
+@_CUDA_ONLY
+@pytest.mark.parametrize("dtype,D", [(torch.bfloat16, 128), (torch.float16, 64), (torch.float32, 64)],
+                         ids=["bf16-D128", "fp16-D64", "fp32-D64"])
+def test_cuda_forward_backward_bitwise_deterministic(ar, dtype, D):
+    q, k, v = _qkv(2, 700, 700, 8, 2, D, D, dtype, "cuda")
+    do = _mk((2, 700, 8, D), dtype, "cuda", torch.Generator().manual_seed(5))
+    first = _run(ar.softmax.streaming_attn, q, k, v, do)
+    for _ in range(20):
+        again = _run(ar.softmax.streaming_attn, q, k, v, do)
+        for name, a, b in zip(("o", "dq", "dk", "dv"), again, first):
+            assert torch.equal(a, b), name
+
+
+@_CUDA_ONLY
+def test_cuda_unaligned_rows_take_the_generic_path(ar):
+    """bf16, D = 64 but rows not 16-byte aligned (a view one element in): same math, no fault."""
+    g = torch.Generator().manual_seed(6)
+    base = _mk((1, 200, 3, 65), torch.bfloat16, "cuda", g)
+    q, k, v = base[:, :, :2, 1:], base[:, :, 2:, 1:], base[:, :, 2:, :64]
+    do = _mk((1, 200, 2, 64), torch.bfloat16, "cuda", g)
+    ours = _run(ar.softmax.streaming_attn, q, k, v, do)
+    aligned = _run(ar.softmax.streaming_attn, q.contiguous(), k.contiguous(), v.contiguous(), do)
+    for a, b in zip(ours, aligned):
+        assert relative_rms(a, b) <= 8e-3
+
+
+def _decode_reference(ar, q, k_cache, v_cache, lens):
+    """float64 attention of q [B, H, D] over cache rows [0, lens[b]) of each b."""
+    out = []
+    for b, L in enumerate(lens.tolist()):
+        o, _ = ar.softmax.reference_attn(q[b:b + 1, None].double(), k_cache[b:b + 1, :L].double(),
+                                         v_cache[b:b + 1, :L].double(), causal=False)
+        out.append(o[0, 0])
+    return torch.stack(out)
+
+
+@_CUDA_ONLY
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=_dt_id)
+@pytest.mark.parametrize("H,Hkv,D", [(4, 4, 128), (8, 2, 64), (32, 2, 128), (6, 2, 40)],
+                         ids=["G1-D128", "G4-D64", "G16-D128", "G3-D40"])
+@pytest.mark.parametrize("split_size", [None, 100])
+def test_cuda_decode_step(ar, dtype, H, Hkv, D, split_size):
+    """Fast (D = Dv in {64, 128}) and generic step kernels, one and many splits, ragged lengths
+    (0, 1, mid, full), GQA: equals float64 attention over the cache; the step with k_new equals
+    the step without it over the appended cache, bit for bit."""
+    B, Lmax = 5, 3000
+    g = torch.Generator().manual_seed(8)
+    q = _mk((B, H, D), dtype, "cuda", g)
+    k_cache, v_cache = _mk((B, Lmax, Hkv, D), dtype, "cuda", g), _mk((B, Lmax, Hkv, D), dtype, "cuda", g)
+    k_new, v_new = _mk((B, Hkv, D), dtype, "cuda", g), _mk((B, Hkv, D), dtype, "cuda", g)
+    lens = torch.tensor([0, 1, 777, 2048, Lmax - 1], dtype=torch.int32, device="cuda")
+    kc0 = k_cache.clone()
+    o = ar.softmax.softmax_attn_step(q, k_cache, v_cache, lens, k_new=k_new, v_new=v_new, split_size=split_size)
+    rows = torch.arange(B, device="cuda")
+    assert torch.equal(k_cache[rows, lens.long()], k_new) and torch.equal(v_cache[rows, lens.long()], v_new)
+    untouched = torch.ones(B, Lmax, dtype=torch.bool, device="cuda")
+    untouched[rows, lens.long()] = False
+    assert torch.equal(k_cache[untouched], kc0[untouched])
+    ref = _decode_reference(ar, q, k_cache, v_cache, lens + 1)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}[dtype]
+    assert relative_rms(o, ref) <= tol
+    o2 = ar.softmax.softmax_attn_step(q, k_cache, v_cache, lens + 1, split_size=split_size)
+    assert torch.equal(o2, o)
+    o0 = ar.softmax.softmax_attn_step(q, k_cache, v_cache, torch.zeros_like(lens), split_size=split_size)
+    assert torch.equal(o0, torch.zeros_like(o0))
+
+
+@_CUDA_ONLY
+@pytest.mark.parametrize("D", [64, 48])
+def test_cuda_decode_length_out_of_range_gives_nan_and_writes_nothing(ar, D):
+    q = torch.randn(3, 4, D, device="cuda")
+    kc, vc = torch.randn(3, 50, 2, D, device="cuda"), torch.randn(3, 50, 2, D, device="cuda")
+    kn, vn = torch.randn(3, 2, D, device="cuda"), torch.randn(3, 2, D, device="cuda")
+    kc0, vc0 = kc.clone(), vc.clone()
+    for split in (None, 8):
+        o = ar.softmax.softmax_attn_step(q, kc, vc, torch.tensor([50, -1, 10], dtype=torch.int32, device="cuda"),
+                                         k_new=kn, v_new=vn, split_size=split)
+        assert torch.isnan(o[:2]).all() and torch.isfinite(o[2]).all()
+        assert torch.equal(kc[:2], kc0[:2]) and torch.equal(vc[:2], vc0[:2])
+
+
+@_CUDA_ONLY
+@pytest.mark.parametrize("split_size", [None, 64])
+def test_cuda_decode_step_under_cuda_graph_capture(ar, split_size):
+    B, H, Hkv, D, Lmax = 4, 8, 2, 128, 4096
+    g = torch.Generator().manual_seed(9)
+    q = _mk((B, H, D), torch.bfloat16, "cuda", g)
+    kc, vc = _mk((B, Lmax, Hkv, D), torch.bfloat16, "cuda", g), _mk((B, Lmax, Hkv, D), torch.bfloat16, "cuda", g)
+    kn, vn = _mk((B, Hkv, D), torch.bfloat16, "cuda", g), _mk((B, Hkv, D), torch.bfloat16, "cuda", g)
+    lens = torch.tensor([5, 1000, 3000, 4000], dtype=torch.int32, device="cuda")
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture
+        ar.softmax.softmax_attn_step(q, kc.clone(), vc.clone(), lens, k_new=kn, v_new=vn, split_size=split_size)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = ar.softmax.softmax_attn_step(q, kc, vc, lens, k_new=kn, v_new=vn, split_size=split_size)
+    for step in range(3):
+        graph.replay()
+        o_ref = ar.softmax.softmax_attn_step(q, kc_ref, vc_ref, lens, k_new=kn, v_new=vn, split_size=split_size)
+        torch.cuda.synchronize()
+        assert torch.equal(o, o_ref) and torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
+        lens += 1  # the captured kernels read the lengths from the device on every replay
+        kn.add_(0.5)
+
+
+@_CUDA_ONLY
+def test_cuda_ops_run_on_the_current_stream(ar):
+    q, k, v = _qkv(2, 900, 900, 4, 2, 128, 128, torch.bfloat16, "cuda")
+    do = torch.randn(2, 900, 4, 128, device="cuda", dtype=torch.bfloat16)
+    expected = _run(ar.softmax.streaming_attn, q, k, v, do)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = _run(ar.softmax.streaming_attn, q, k, v, do)
+    torch.cuda.current_stream().wait_stream(side)
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+
+
+@_CUDA_ONLY
+def test_cuda_past_2_pow_31_elements_uses_64_bit_offsets(ar):
+    """q, k, v, o of more than 2**31 elements each (bf16, 1024-token sequences packed with
+    cu_seqlens): the last sequences start past element 2**31 and match the reference, forward
+    and backward."""
+    H, D, L = 1, 128, 1024
+    N = (2**31) // (L * H * D) + 1
+    T = N * L
+    cu = torch.arange(0, T + 1, L, device="cuda", dtype=torch.int64)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    assert q.numel() > 2**31
+    o, lse = torch.ops.attnrnn.softmax_attn_fwd(q, k, v, cu, D ** -0.5, True)
+    dq, dk, dv = torch.ops.attnrnn.softmax_attn_bwd(do, q, k, v, o, lse, cu, D ** -0.5, True)
+    for n in (0, N - 2, N - 1):
+        s = slice(n * L, (n + 1) * L)
+        r = _run(ar.softmax.reference_attn, q[:, s].double(), k[:, s].double(), v[:, s].double(), do[:, s].double())
+        for name, x, ref in zip(("o", "dq", "dk", "dv"), (o[:, s], dq[:, s], dk[:, s], dv[:, s]), r):
+            assert relative_rms(x.double(), ref) <= 8e-3, (n, name)
