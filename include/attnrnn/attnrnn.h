@@ -211,7 +211,9 @@ struct SoftmaxAttnParams {
 //   k_cache [B, Lmax, Hkv, D], v_cache [B, Lmax, Hkv, Dv]; cache_seqlens int32 [B].
 // With k_new/v_new, row cache_seqlens[b] of the caches is overwritten with them and the token
 // attends over cache_seqlens[b] + 1 keys; without, over cache_seqlens[b] keys. cache_seqlens is
-// read, never updated (the caller advances it).
+// read, never updated (the caller advances it). A length out of range is an error on the CPU
+// (nothing written); on CUDA it is not read back (no host sync): that entry's o is NaN and its
+// cache rows are left alone.
 struct SoftmaxAttnStepParams {
   Device device = Device::kCPU;
   void* stream = nullptr;
