@@ -91,13 +91,11 @@ __global__ void __launch_bounds__(32 * W) bwd_dq_tc_kernel(const SoftmaxAttnPara
   const int r0 = warp * 16;
   const float* Dws = static_cast<const float*>(p.workspace);
   float lse2[2], Drow[2];
-  int64_t row_end[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t i = i0 + r0 + g + 8 * r;
     lse2[r] = lse_log2(p, s, h, i);
     Drow[r] = i < s.Lq ? Dws[row_index(p, s, h, i)] : 0.f;
-    row_end[r] = s.key_end(i);
   }
   float dQ[DT][4];
   zero(dQ);
@@ -139,15 +137,18 @@ __global__ void __launch_bounds__(32 * W) bwd_dq_tc_kernel(const SoftmaxAttnPara
       }
     }
 
-    // dS = P ∘ (dP - D), P = 2^(S c - lse2) (0 where masked).
-    const bool masked = j0 + Bc > kfull;
+    // dS = P ∘ (dP - D), P = 2^(S c - lse2) (0 where masked: blocks past the keys every row sees).
+    int lim[2] = {Bc, Bc};
+    if (j0 + Bc > kfull) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) lim[r] = block_limit(s.key_end(i0 + r0 + g + 8 * r) - j0, Bc);
+    }
 #pragma unroll
     for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
-        const bool dead = masked && j0 + ni * 8 + t2 + (e & 1) >= row_end[r];
-        const float pr = dead ? 0.f : exp2_fast(S[ni][e] * c - lse2[r]);
+        const float pr = ni * 8 + t2 + (e & 1) >= lim[r] ? 0.f : exp2_fast(S[ni][e] * c - lse2[r]);
         S[ni][e] = pr * (dP[ni][e] - Drow[r]);
       }
 

@@ -94,6 +94,11 @@ __device__ __forceinline__ bool locate_block(const SoftmaxAttnParams& p, int64_t
   return true;
 }
 
+// Keys of a block of n a row sees, from its key_end minus the block start, clamped to [0, n].
+__device__ __forceinline__ int block_limit(int64_t e, int n) {
+  return e < 0 ? 0 : (e > n ? n : static_cast<int>(e));
+}
+
 // lse / D element of query i (within the sequence) of head h: [B, H, Tq] layout.
 __device__ __forceinline__ int64_t row_index(const SoftmaxAttnParams& p, const Seq& s, int64_t h, int64_t i) {
   return (s.b * p.num_heads + h) * p.seqlen_q + s.q0 + i;
@@ -142,17 +147,20 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // rows x D tile of a [B, T, H, D] view (token t0 + r, head h) into shared memory (row pitch P
-// elements); rows >= valid are zero-filled. D % 8 == 0 and 16-byte aligned rows.
+// elements); rows >= valid are zero-filled. D % 8 == 0 and 16-byte aligned rows. THREADS divides
+// the chunk count, so every loop below has a compile-time trip count (fully unrolled).
 template <int ROWS, int D, int P, int THREADS, class T>
 __device__ __forceinline__ void load_tile_async(T* dst, const ConstView& v, int64_t b, int64_t t0, int64_t h,
                                                 int64_t valid, int tid) {
-  constexpr int kChunks = D / 8;
+  constexpr int kChunks = D / 8, kPer = ROWS * kChunks / THREADS;
+  static_assert(ROWS * kChunks % THREADS == 0, "threads must divide the tile's 16-byte chunks");
+  const int col = (tid % kChunks) * 8, r0 = tid / kChunks;
+  const T* base = static_cast<const T*>(v.data) + b * v.stride_b + (t0 + r0) * v.stride_t + h * v.stride_h + col;
 #pragma unroll
-  for (int c = tid; c < ROWS * kChunks; c += THREADS) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
+  for (int i = 0; i < kPer; ++i) {
+    const int r = r0 + i * (THREADS / kChunks);
     const bool ok = r < valid;
-    const T* src = ok ? row<T>(v, b, t0 + r, h) + col : static_cast<const T*>(v.data);
-    cp_async16(dst + r * P + col, src, ok);
+    cp_async16(dst + r * P + col, ok ? base + int64_t(i) * (THREADS / kChunks) * v.stride_t : static_cast<const T*>(v.data), ok);
   }
 }
 
@@ -160,10 +168,12 @@ __device__ __forceinline__ void load_tile_async(T* dst, const ConstView& v, int6
 template <int ROWS, int D, int P, int THREADS, class T>
 __device__ __forceinline__ void store_tile(const T* src, const MutView& v, int64_t b, int64_t t0, int64_t h,
                                            int64_t valid, int tid) {
-  constexpr int kChunks = D / 8;
+  constexpr int kChunks = D / 8, kPer = ROWS * kChunks / THREADS;
+  static_assert(ROWS * kChunks % THREADS == 0, "threads must divide the tile's 16-byte chunks");
+  const int col = (tid % kChunks) * 8, r0 = tid / kChunks;
 #pragma unroll
-  for (int c = tid; c < ROWS * kChunks; c += THREADS) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
+  for (int i = 0; i < kPer; ++i) {
+    const int r = r0 + i * (THREADS / kChunks);
     if (r < valid)
       *reinterpret_cast<uint4*>(row<T>(v, b, t0 + r, h) + col) = *reinterpret_cast<const uint4*>(src + r * P + col);
   }

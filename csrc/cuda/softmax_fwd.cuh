@@ -62,9 +62,6 @@ __global__ void __launch_bounds__(kFwdThreads, 2) fwd_tc_kernel(const SoftmaxAtt
   cp_async_commit();
 
   const int r0 = warp * 16;
-  int64_t row_end[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) row_end[r] = s.key_end(i0 + r0 + g + 8 * r);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float O[DT][4];
   zero(O);
@@ -101,21 +98,23 @@ __global__ void __launch_bounds__(kFwdThreads, 2) fwd_tc_kernel(const SoftmaxAtt
       }
     }
 
-    // Update: scale to log2 units, mask past each row's last key, online softmax.
-    const bool masked = j0 + Bc > kfull;
-    int lim[2];
+    // Update: scale to log2 units, mask past each row's last key (only in blocks past the keys
+    // every row sees), online softmax.
+    if (j0 + Bc > kfull) {
+      int lim[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t e = row_end[r] - j0;
-      lim[r] = e < 0 ? 0 : (e > Bc ? Bc : static_cast<int>(e));
+      for (int r = 0; r < 2; ++r) lim[r] = block_limit(s.key_end(i0 + r0 + g + 8 * r) - j0, Bc);
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          S[ni][e] = ni * 8 + t2 + (e & 1) >= lim[e >> 1] ? -INFINITY : S[ni][e] * c;
+    } else {
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[ni][e] *= c;
     }
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = S[ni][e] * c;
-        S[ni][e] = masked && ni * 8 + t2 + (e & 1) >= lim[e >> 1] ? -INFINITY : x;
-      }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
