@@ -33,7 +33,6 @@ enum class TcSrc : int { kQ, kK, kV, kDout, kNone };
 
 constexpr int kTcThreads = 128;
 constexpr int kTcChunk = 64;
-constexpr int kTcCols = 64;  // output columns per block
 
 template <TcRole R>
 struct TcRoleInfo {
@@ -54,8 +53,10 @@ struct TcRoleInfo {
 // Shared memory of one block (element offsets into the T region, then floats).
 template <int DI>
 struct TcLayout {
-  static constexpr int NS = DI == 64 ? 3 : 2;       // pipeline stages
-  static constexpr int LI = DI + 8, LC = kTcCols + 8;  // row strides; +8 keeps ldmatrix conflict free
+  static constexpr int NS = 2;                            // pipeline stages
+  static constexpr int min_blocks = DI == 64 ? 3 : 2;    // blocks per SM (shared memory, registers)
+  static constexpr int NC = DI == 128 ? 32 : 64;         // output columns per block
+  static constexpr int LI = DI + 8, LC = NC + 8;          // row strides; +8 keeps ldmatrix conflict free
   static constexpr int A = 0;                         // [64][LI]  row operand
   static constexpr int B = A + kTcChunk * LI;         // [64][LI]  column operand
   static constexpr int C = B + kTcChunk * LI;         // [64][LC]  value operand
@@ -65,7 +66,7 @@ struct TcLayout {
   static constexpr int t_elems = Sl + DI * LC;
   // floats after the T region: per stage w[64], dd[64]; then z[max(DI, 64)]
   static constexpr int w = 0, dd = kTcChunk, f_stage = 2 * kTcChunk, z = NS * f_stage;
-  static constexpr int f_elems = z + (DI > kTcCols ? DI : kTcCols);
+  static constexpr int f_elems = z + (DI > NC ? DI : NC);
   static constexpr int64_t bytes(int t_size) { return int64_t(t_elems) * t_size + int64_t(f_elems) * 4; }
 };
 
@@ -85,14 +86,24 @@ struct TcSplit {
   float* partial = nullptr;  // [segments][N][Hkv][tiles][DI * 64 + max(DI, 64)]
 };
 
+// Output tiles of a sweep: the den role has none (one block per (sequence, kv head)).
+template <TcRole R, int DI>
+__host__ __device__ inline int tc_tiles(const LinearAttnParams& p) {
+  const int64_t out = R == TcRole::kGradQ || R == TcRole::kGradK ? p.head_dim_k : p.head_dim_v;
+  return R == TcRole::kDen ? 1 : static_cast<int>(out / TcLayout<DI>::NC);
+}
+
 template <int DI>
-constexpr int64_t tc_partial_floats() { return DI * kTcCols + (DI > kTcCols ? DI : kTcCols); }
+constexpr int64_t tc_partial_floats() {
+  constexpr int NC = TcLayout<DI>::NC;
+  return DI * NC + (DI > NC ? DI : NC);
+}
 
 template <class T, TcRole R, int DI>
-__global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnParams p, const TcSplit split) {
+__global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc_kernel(const LinearAttnParams p, const TcSplit split) {
   using Info = TcRoleInfo<R>;
   using L = TcLayout<DI>;
-  constexpr int NS = L::NS, KT = DI / 64, C = kTcChunk;
+  constexpr int NS = L::NS, KT = DI / 64, C = kTcChunk, NC = L::NC, NT = NC / 8, NP = NC / 16;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   T* st = reinterpret_cast<T*>(smem_bytes);
   float* fl = reinterpret_cast<float*>(smem_bytes + int64_t(L::t_elems) * sizeof(T));
@@ -101,9 +112,12 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
   float* z = fl + L::z;
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
-  const int64_t n = blockIdx.x / split.segments, g = blockIdx.z;
-  const int seg = blockIdx.x % split.segments;
-  const int c0 = blockIdx.y * kTcCols;
+  // blockIdx.x = (n * segments + seg) * tiles + tile: the tiles of one (sequence, segment) are
+  // neighbours, so the q/k rows they all read come from L2 after the first.
+  const int tiles = tc_tiles<R, DI>(p), tile = blockIdx.x % tiles;
+  const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
+  const int seg = (blockIdx.x / tiles) % split.segments;
+  const int c0 = tile * NC;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, t2 = (lane & 3) * 2;
   const int r0 = warp * 16;
   const Seq seq = sequence(p, n);
@@ -118,22 +132,22 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
   };
   // Pass-1 partial of segment j of this block's (sequence, tile, kv head): S as [d][c], then z.
   auto partial_at = [&](int j) {
-    const int64_t N = gridDim.x / split.segments;
-    return split.partial + (((int64_t(j) * N + n) * Hkv + g) * gridDim.y + blockIdx.y) * tc_partial_floats<DI>();
+    const int64_t N = gridDim.x / tiles / split.segments;
+    return split.partial + (((int64_t(j) * N + n) * Hkv + g) * tiles + tile) * tc_partial_floats<DI>();
   };
   const int earlier = split.state_only ? 0 : seg;  // partials that precede this segment
-  float S[KT][8][4];
+  float S[KT][NT][4];
   {
     const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
 #pragma unroll
     for (int mi = 0; mi < KT; ++mi)
 #pragma unroll
-      for (int ni = 0; ni < 8; ++ni)
+      for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int d = warp * (DI / 4) + mi * 16 + gr + (e >= 2 ? 8 : 0), c = ni * 8 + t2 + (e & 1);
           float x = (Info::has_state && S0 != nullptr && !split.state_only) ? S0[mat_index(d, c)] : 0.f;
-          for (int j = 0; j < earlier; ++j) x += partial_at(j)[d * kTcCols + c];
+          for (int j = 0; j < earlier; ++j) x += partial_at(j)[d * NC + c];
           S[mi][ni][e] = x;
         }
   }
@@ -142,10 +156,10 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
     constexpr bool col_z = R == TcRole::kGradQ || R == TcRole::kGradK;
     if constexpr (inner_z || col_z) {
       const float* z0 = static_cast<const float*>(R == TcRole::kGradK ? p.d_final_z : p.initial_z);
-      const int zc0 = inner_z ? 0 : c0, width = inner_z ? DI : kTcCols;
+      const int zc0 = inner_z ? 0 : c0, width = inner_z ? DI : NC;
       for (int d = tid; d < width; d += kTcThreads) {
         float x = (z0 != nullptr && !split.state_only) ? z0[state_row * K + zc0 + d] : 0.f;
-        for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * kTcCols + d];
+        for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * NC + d];
         z[d] = x;
       }
     }
@@ -156,7 +170,7 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
 #pragma unroll
     for (int mi = 0; mi < KT; ++mi)
 #pragma unroll
-      for (int ni = 0; ni < 8; ++ni)
+      for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int d = warp * (DI / 4) + mi * 16 + gr + 8 * h, c = ni * 8 + t2;
@@ -186,23 +200,24 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
                 hi == G - 1};
   };
 
+  // A thread copies the same column piece e of every (128 / pieces)-th row: one row address per tile.
   auto load_tile = [&](T* dst, int ld, TcSrc src, int width, int col0, const Step& s) {
     const ConstView& view = tc_view(p, src);
-    const int64_t head = per_query_head(src) ? s.h : g;
-    const int pieces = width / 8;
-    for (int i = tid; i < C * pieces; i += kTcThreads) {
-      const int t = i / pieces, e = (i % pieces) * 8;
-      const bool valid = t < s.cl;
-      const T* from = valid ? row<T>(view, seq.b, s.t0 + t, head) + col0 + e : static_cast<const T*>(view.data);
-      cp_async16(dst + t * ld + e, from, valid);
-    }
+    const int pieces = width / 8, rows_per_pass = kTcThreads / pieces;
+    const int t_first = tid / pieces, e = (tid % pieces) * 8;
+    const T* from = row<T>(view, seq.b, s.t0 + t_first, per_query_head(src) ? s.h : g) + col0 + e;
+    const int64_t jump = rows_per_pass * view.stride_t;
+    const T* fallback = static_cast<const T*>(view.data);
+#pragma unroll
+    for (int t = t_first; t < C; t += rows_per_pass, from += jump)
+      cp_async16(dst + t * ld + e, t < s.cl ? from : fallback, t < s.cl);
   };
   auto issue = [&](int i) {
     const Step s = step_at(i);
     T* base = st + (i % NS) * L::stage;
     if (!split.state_only) load_tile(base + L::A, L::LI, Info::a, DI, 0, s);
     load_tile(base + L::B, L::LI, Info::b, DI, 0, s);
-    if constexpr (Info::c != TcSrc::kNone) load_tile(base + L::C, L::LC, Info::c, kTcCols, c0, s);
+    if constexpr (Info::c != TcSrc::kNone) load_tile(base + L::C, L::LC, Info::c, NC, c0, s);
     if constexpr (R != TcRole::kForward && R != TcRole::kDen) {
       if (p.normalize && tid < 2 * C) {
         const int t = tid % C;
@@ -253,7 +268,7 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
     if (i < steps) issue(i);
     cp_async_commit();
   }
-  float O[8][4];
+  float O[NT][4];
   for (int i = 0; i < steps; ++i) {
     if (i + NS - 1 < steps) issue(i + NS - 1);
     cp_async_commit();
@@ -268,7 +283,7 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
     const float* dd_s = fl + (i % NS) * L::f_stage + L::dd;
     bool changed = !split.state_only && transform(As, L::LI, Info::a, DI, s, w_s);
     changed |= transform(Bs, L::LI, Info::b, DI, s, w_s);
-    if constexpr (Info::c != TcSrc::kNone) changed |= transform(Cs, L::LC, Info::c, kTcCols, s, w_s);
+    if constexpr (Info::c != TcSrc::kNone) changed |= transform(Cs, L::LC, Info::c, NC, s, w_s);
     if (changed) __syncthreads();
 
     // ---- outputs of the step (pass 1 of a split scan only moves the state) ------------------------
@@ -293,19 +308,29 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
           mma16816<T>(P[2 * pr + 1], a, b[2], b[3]);
         }
       }
-      float rowsum[2] = {0.f, 0.f};
+      // Only the diagonal 16 x 16 block (n-tiles 2 warp, 2 warp + 1) is cut by the mask; the
+      // blocks on its far side were skipped above and stay 0.
+      constexpr bool extra_row = R == TcRole::kGradQ, extra_col = R == TcRole::kGradK;
+      const bool with_dd = (extra_row || extra_col) && p.normalize;
 #pragma unroll
-      for (int ni = 0; ni < 8; ++ni)
+      for (int ni = 0; ni < 8; ++ni) {
+        const bool diagonal = (ni >> 1) == warp;
+        if (!diagonal && !(with_dd && needed(ni >> 1))) continue;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int t = r0 + gr + (e >= 2 ? 8 : 0), sc = ni * 8 + t2 + (e & 1);
-          const bool keep = Info::reverse ? sc >= t : sc <= t;
           float x = P[ni][e];
-          if constexpr (R == TcRole::kGradQ) x += p.normalize ? dd_s[t] : 0.f;
-          if constexpr (R == TcRole::kGradK) x += p.normalize ? dd_s[sc] : 0.f;
-          P[ni][e] = keep ? x : 0.f;
-          rowsum[e >> 1] += P[ni][e];
+          if (with_dd) x += extra_row ? dd_s[t] : dd_s[sc];
+          P[ni][e] = (!diagonal || (Info::reverse ? sc >= t : sc <= t)) ? x : 0.f;
         }
+      }
+      float rowsum[2] = {0.f, 0.f};
+      if ((R == TcRole::kForward || R == TcRole::kDen) && p.normalize) {
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) rowsum[e >> 1] += P[ni][e];
+      }
 
       if constexpr (R == TcRole::kDen) {
         // ---- w_t = s / den_t and dd_t = -s (dout_t . o_t) / den_t of the lane's two rows ------------
@@ -336,7 +361,7 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
       } else {
         if (!Info::group_sum || s.first) {
 #pragma unroll
-          for (int ni = 0; ni < 8; ++ni)
+          for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
             for (int e = 0; e < 4; ++e) O[ni][e] = 0.f;
         }
@@ -350,20 +375,19 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
             uint32_t a[4];
             load_a(a, As, L::LI, r0, kk, lane);
 #pragma unroll
-            for (int pr = 0; pr < 4; ++pr) {
-              uint32_t b[4];
-              load_b_kn(b, Sh, L::LC, 16 * pr, kk, lane);
-              mma16816<T>(O[2 * pr], a, b[0], b[1]);
-              mma16816<T>(O[2 * pr + 1], a, b[2], b[3]);
-              load_b_kn(b, Sl, L::LC, 16 * pr, kk, lane);
-              mma16816<T>(O[2 * pr], a, b[0], b[1]);
-              mma16816<T>(O[2 * pr + 1], a, b[2], b[3]);
-            }
+            for (int part = 0; part < 2; ++part)  // hi, then lo: 8 independent accumulators apart
+#pragma unroll
+              for (int pr = 0; pr < NP; ++pr) {
+                uint32_t b[4];
+                load_b_kn(b, part == 0 ? Sh : Sl, L::LC, 16 * pr, kk, lane);
+                mma16816<T>(O[2 * pr], a, b[0], b[1]);
+                mma16816<T>(O[2 * pr + 1], a, b[2], b[3]);
+              }
           }
           if constexpr (R == TcRole::kGradQ || R == TcRole::kGradK) {
             if (p.normalize) {
 #pragma unroll
-              for (int ni = 0; ni < 8; ++ni)
+              for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                   const int t = r0 + gr + (e >= 2 ? 8 : 0), c = ni * 8 + t2 + (e & 1);
@@ -380,7 +404,7 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
                                  pack2<T>(P[2 * j + 1][0], P[2 * j + 1][1]),
                                  pack2<T>(P[2 * j + 1][2], P[2 * j + 1][3])};
 #pragma unroll
-          for (int pr = 0; pr < 4; ++pr) {
+          for (int pr = 0; pr < NP; ++pr) {
             uint32_t b[4];
             load_b_kn(b, Cs, L::LC, 16 * pr, 16 * j, lane);
             mma16816<T>(O[2 * pr], a, b[0], b[1]);
@@ -407,7 +431,7 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
             T* orow = row<T>(out, seq.b, s.t0 + t, out_head) + c0;
             const T* raw = dphi_of ? row<T>(R == TcRole::kGradQ ? p.q : p.k, seq.b, s.t0 + t, out_head) + c0 : nullptr;
 #pragma unroll
-            for (int ni = 0; ni < 8; ++ni) {
+            for (int ni = 0; ni < NT; ++ni) {
               float x0 = O[ni][2 * r], x1 = O[ni][2 * r + 1];
               if constexpr (R == TcRole::kForward) {
                 x0 *= inv[r];
@@ -437,7 +461,7 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
             uint32_t a[4];
             load_a_trans(a, Bs, L::LI, m0, 16 * j, lane);
 #pragma unroll
-            for (int pr = 0; pr < 4; ++pr) {
+            for (int pr = 0; pr < NP; ++pr) {
               uint32_t b[4];
               load_b_kn(b, Cs, L::LC, 16 * pr, 16 * j, lane);
               mma16816<T>(S[mi][2 * pr], a, b[0], b[1]);
@@ -452,16 +476,18 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
       if (p.normalize) {
         if constexpr (R == TcRole::kForward || R == TcRole::kDen) {
           for (int d = tid; d < DI; d += kTcThreads) {
-            float acc = z[d];
-            for (int t = 0; t < C; ++t) acc += static_cast<float>(Bs[t * L::LI + d]);
-            z[d] = acc;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int t = 0; t < C; ++t) acc[t & 3] += static_cast<float>(Bs[t * L::LI + d]);
+            z[d] += (acc[0] + acc[1]) + (acc[2] + acc[3]);
           }
         } else if constexpr (R == TcRole::kGradQ || R == TcRole::kGradK) {
-          for (int c = tid; c < kTcCols; c += kTcThreads) {
-            float acc = z[c];
+          for (int c = tid; c < NC; c += kTcThreads) {
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
             for (int t = 0; t < C; ++t)
-              acc += (R == TcRole::kGradK ? dd_s[t] : 1.f) * static_cast<float>(Cs[t * L::LC + c]);
-            z[c] = acc;
+              acc[t & 3] += (R == TcRole::kGradK ? dd_s[t] : 1.f) * static_cast<float>(Cs[t * L::LC + c]);
+            z[c] += (acc[0] + acc[1]) + (acc[2] + acc[3]);
           }
         }
       }
@@ -479,13 +505,13 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
 #pragma unroll
     for (int mi = 0; mi < KT; ++mi)
 #pragma unroll
-      for (int ni = 0; ni < 8; ++ni)
+      for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int d = warp * (DI / 4) + mi * 16 + gr + (e >= 2 ? 8 : 0), c = ni * 8 + t2 + (e & 1);
-          part[d * kTcCols + c] = S[mi][ni][e];
+          part[d * NC + c] = S[mi][ni][e];
         }
-    for (int d = tid; d < (DI > kTcCols ? DI : kTcCols); d += kTcThreads) part[DI * kTcCols + d] = p.normalize ? z[d] : 0.f;
+    for (int d = tid; d < (DI > NC ? DI : NC); d += kTcThreads) part[DI * NC + d] = p.normalize ? z[d] : 0.f;
     return;
   }
   if (seg != split.segments - 1) return;
@@ -495,7 +521,7 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
 #pragma unroll
       for (int mi = 0; mi < KT; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 8; ++ni)
+        for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int d = warp * (DI / 4) + mi * 16 + gr + (e >= 2 ? 8 : 0), c = ni * 8 + t2 + (e & 1);
@@ -504,12 +530,12 @@ __global__ void __launch_bounds__(kTcThreads) chunk_tc_kernel(const LinearAttnPa
     }
   }
   if constexpr (R == TcRole::kForward) {
-    if (p.final_z != nullptr && blockIdx.y == 0)
+    if (p.final_z != nullptr && tile == 0)
       for (int d = tid; d < DI; d += kTcThreads) static_cast<float*>(p.final_z)[state_row * K + d] = z[d];
   }
   if constexpr (R == TcRole::kGradK) {
     if (p.d_initial_z != nullptr)
-      for (int c = tid; c < kTcCols; c += kTcThreads) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + c] = z[c];
+      for (int c = tid; c < NC; c += kTcThreads) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + c] = z[c];
   }
 }
 

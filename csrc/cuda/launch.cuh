@@ -63,7 +63,7 @@ inline bool tensor_core_dtype(const LinearAttnParams& p, bool recurrent) {
 
 inline bool tensor_core_forward(const LinearAttnParams& p, bool recurrent) {
   return tensor_core_dtype(p, recurrent) && (p.head_dim_k == 64 || p.head_dim_k == 128) &&
-         p.head_dim_v % kTcCols == 0 && aligned4_pairs(p.o);
+         p.head_dim_v % 64 == 0 && aligned4_pairs(p.o);
 }
 
 inline bool tensor_core_backward(const LinearAttnParams& p, bool recurrent) {
@@ -74,40 +74,49 @@ inline bool tensor_core_backward(const LinearAttnParams& p, bool recurrent) {
 
 int sm_count();
 
-// Segments of the two-pass scan (chunk_tc.cuh, TcSplit) for a sweep with `tiles` output tiles:
-// one when the (sequence, tile, kv head) blocks fill the SMs, else enough for two blocks per SM,
-// keeping at least 16 chunks per segment. ATTNRNN_TC_SEGMENTS=n forces n (for measuring).
-inline int tc_segments(const LinearAttnParams& p, int64_t tiles) {
+// Segments of the two-pass scan (chunk_tc.cuh, TcSplit) of a sweep of `blocks` (sequence, tile,
+// kv head) blocks when `per_sm` of them fit on an SM: a split only when the blocks fill less than
+// half of the GPU, into as many segments as fill it once; at least 16 chunks per segment.
+// ATTNRNN_TC_SEGMENTS=n forces n (for measuring the tile table).
+inline int tc_segments(const LinearAttnParams& p, int64_t blocks, int per_sm) {
   static const int forced = [] {
     const char* env = std::getenv("ATTNRNN_TC_SEGMENTS");
     return env != nullptr ? std::atoi(env) : 0;
   }();
-  const int64_t blocks = num_states(p) * p.num_kv_heads * tiles, sms = sm_count();
+  const int64_t slots = int64_t(sm_count()) * per_sm;
   const int64_t chunks = (p.seqlen + kTcChunk - 1) / kTcChunk;
-  int64_t want = forced > 0 ? forced : (blocks >= sms ? 1 : (2 * sms + blocks - 1) / blocks);
+  int64_t want = forced > 0 ? forced : (2 * blocks > slots ? 1 : slots / std::max<int64_t>(blocks, 1));
   want = std::min<int64_t>(want, std::max<int64_t>(1, chunks / 16));
   const int64_t seg_chunks = (chunks + want - 1) / std::max<int64_t>(want, 1);
   return static_cast<int>(seg_chunks > 0 ? (chunks + seg_chunks - 1) / seg_chunks : 1);
 }
 
-// Floats of pass-1 partials one sweep needs (0 without a split).
-inline int64_t tc_partial_floats(const LinearAttnParams& p, int64_t inner, int64_t out_dim) {
-  const int64_t tiles = out_dim / kTcCols, segments = tc_segments(p, tiles);
-  if (segments <= 1) return 0;
-  const int64_t per = inner == 64 ? tc_partial_floats<64>() : tc_partial_floats<128>();
-  return segments * num_states(p) * p.num_kv_heads * tiles * per;
+template <TcRole R, int DI>
+int tc_role_segments(const LinearAttnParams& p) {
+  return tc_segments(p, num_states(p) * p.num_kv_heads * tc_tiles<R, DI>(p), TcLayout<DI>::min_blocks);
 }
 
-// One sweep of chunk_tc_kernel, as one pass or two: grid (sequences x segments, tiles, kv heads).
+// Floats of pass-1 partials one sweep needs (0 without a split).
+template <TcRole R, int DI>
+int64_t tc_role_partial_floats(const LinearAttnParams& p) {
+  const int64_t segments = tc_role_segments<R, DI>(p);
+  if (segments <= 1) return 0;
+  return segments * num_states(p) * p.num_kv_heads * tc_tiles<R, DI>(p) * tc_partial_floats<DI>();
+}
+template <TcRole R>
+int64_t tc_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
+  return inner == 64 ? tc_role_partial_floats<R, 64>(p) : tc_role_partial_floats<R, 128>(p);
+}
+
+// One sweep of chunk_tc_kernel, as one pass or two: grid (sequences x segments x tiles, kv heads).
 template <class T, TcRole R, int DI>
-Status launch_tc_role(const LinearAttnParams& p, int64_t out_dim, float* partial, const char* what) {
+Status launch_tc_role(const LinearAttnParams& p, float* partial, const char* what) {
   const int64_t bytes = TcLayout<DI>::bytes(sizeof(T));
   Status s = allow_smem(chunk_tc_kernel<T, R, DI>, bytes, what);
   if (s != Status::kSuccess) return s;
-  const int64_t tiles = out_dim / kTcCols;
   TcSplit split;
-  split.segments = partial != nullptr ? tc_segments(p, tiles) : 1;  // no workspace: one pass
-  const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments), static_cast<unsigned>(tiles),
+  split.segments = partial != nullptr ? tc_role_segments<R, DI>(p) : 1;  // no workspace: one pass
+  const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments * tc_tiles<R, DI>(p)),
                   static_cast<unsigned>(p.num_kv_heads));
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   if (split.segments > 1) {
@@ -125,9 +134,8 @@ Status launch_tc_role(const LinearAttnParams& p, int64_t out_dim, float* partial
 }
 
 template <class T, TcRole R>
-Status launch_tc(const LinearAttnParams& p, int64_t inner, int64_t out_dim, float* partial, const char* what) {
-  return inner == 64 ? launch_tc_role<T, R, 64>(p, out_dim, partial, what)
-                     : launch_tc_role<T, R, 128>(p, out_dim, partial, what);
+Status launch_tc(const LinearAttnParams& p, int64_t inner, float* partial, const char* what) {
+  return inner == 64 ? launch_tc_role<T, R, 64>(p, partial, what) : launch_tc_role<T, R, 128>(p, partial, what);
 }
 
 // Workspace of the CUDA ops: [2 floats per (token, query head) for the backward][pass-1 partials].
@@ -138,10 +146,11 @@ inline int64_t token_scalar_bytes(const LinearAttnParams& p, bool backward) {
 inline int64_t workspace_bytes_for(const LinearAttnParams& p, bool backward) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
   int64_t partial = 0;
-  if (!backward && tensor_core_forward(p, false)) partial = tc_partial_floats(p, K, V);
+  if (!backward && tensor_core_forward(p, false)) partial = tc_partial_floats_of<TcRole::kForward>(p, K);
   if (backward && tensor_core_backward(p, false)) {
-    partial = std::max({p.normalize ? tc_partial_floats(p, K, kTcCols) : 0, tc_partial_floats(p, V, K),
-                        tc_partial_floats(p, K, V)});
+    partial = std::max({p.normalize ? tc_partial_floats_of<TcRole::kDen>(p, K) : 0,
+                        tc_partial_floats_of<TcRole::kGradQ>(p, V), tc_partial_floats_of<TcRole::kGradK>(p, V),
+                        tc_partial_floats_of<TcRole::kGradV>(p, K)});
   }
   return token_scalar_bytes(p, backward) + partial * 4;
 }
@@ -154,10 +163,10 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
   float* partial = partial_ptr(p, true);
   Status s = Status::kSuccess;
-  if (p.normalize) s = launch_tc<T, TcRole::kDen>(p, K, kTcCols, partial, "chunk_linear_attn backward (denominators)");
-  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradQ>(p, V, K, partial, "chunk_linear_attn backward (dq)");
-  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradK>(p, V, K, partial, "chunk_linear_attn backward (dk)");
-  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradV>(p, K, V, partial, "chunk_linear_attn backward (dv)");
+  if (p.normalize) s = launch_tc<T, TcRole::kDen>(p, K, partial, "chunk_linear_attn backward (denominators)");
+  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradQ>(p, V, partial, "chunk_linear_attn backward (dq)");
+  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradK>(p, V, partial, "chunk_linear_attn backward (dk)");
+  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradV>(p, K, partial, "chunk_linear_attn backward (dv)");
   return s;
 }
 
@@ -168,7 +177,7 @@ Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
   if (N == 0) return Status::kSuccess;
   if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
     if (tensor_core_forward(p, recurrent))
-      return launch_tc<T, TcRole::kForward>(p, K, V, p.workspace == nullptr ? nullptr : partial_ptr(p, false),
+      return launch_tc<T, TcRole::kForward>(p, K, p.workspace == nullptr ? nullptr : partial_ptr(p, false),
                                             "chunk_linear_attn forward (tensor cores)");
   }
   const int BV = static_cast<int>(V < 64 ? V : 64);
