@@ -1,8 +1,8 @@
 // Chunkwise scans on tensor cores (mma.sync m16n8k16, bf16/fp16 operands, fp32 accumulators and
 // state). The forward and the three backward sweeps of causal linear attention are one kernel with
 // different operands ("roles"). Per chunk of 64 tokens, with a row operand A [64 x DI], a column
-// operand B [64 x DI], a value operand Cv [64 x 64] (one tile of 64 output columns) and a state
-// S [DI x 64] kept in fp32 registers:
+// operand B [64 x DI], a value operand Cv [64 x NC] (one tile of NC output columns) and a state
+// S [DI x NC] kept in fp32 registers:
 //   scores  P  = mask(A B^T)        mask: s <= t on forward sweeps, s >= t on reverse sweeps
 //   output  O  = P Cv + A S         S enters as bf16 hi + lo parts (~16 mantissa bits)
 //   state   S += B^T Cv
@@ -14,7 +14,7 @@
 //   dq       dO''     v        phi(k)   forward  dq = O phi'(q)            S^T     P += dd_t, O += dd_t z
 //   dk       v        dO''     phi(q)   reverse  dk = sum_h O phi'(k)      dS^T    P += dd_s, O += dz
 //   dv       phi(k)   phi(q)   dO''     reverse  dv = sum_h O              dS      -
-// (dq's z and dk's dz = dz_final + sum over later tokens of dd_s phi(q_s) live on the 64 output
+// (dq's z and dk's dz = dz_final + sum over later tokens of dd_s phi(q_s) live on the NC output
 // columns.) Nothing larger than two floats per (token, head) is stored between the sweeps.
 //
 // Work split: one block of 4 warps per (sequence, output tile, kv head). Warp w computes output
@@ -23,83 +23,14 @@
 // pair; operands of the kv head are simply loaded again for each query head (GQA, served by L2).
 #pragma once
 
-#include "common.cuh"
+#include "chunk_tc_plan.cuh"
 #include "mma.cuh"
 
 namespace attnrnn::cuda {
 
-enum class TcRole : int { kForward, kDen, kGradQ, kGradK, kGradV };
-enum class TcSrc : int { kQ, kK, kV, kDout, kNone };
-
-constexpr int kTcThreads = 128;
-constexpr int kTcChunk = 64;
-
-template <TcRole R>
-struct TcRoleInfo {
-  static constexpr TcSrc a = R == TcRole::kGradQ ? TcSrc::kDout : R == TcRole::kGradK ? TcSrc::kV
-                             : R == TcRole::kGradV ? TcSrc::kK : TcSrc::kQ;
-  static constexpr TcSrc b = R == TcRole::kGradQ ? TcSrc::kV : R == TcRole::kGradK ? TcSrc::kDout
-                             : R == TcRole::kGradV ? TcSrc::kQ : TcSrc::kK;
-  static constexpr TcSrc c = R == TcRole::kForward ? TcSrc::kV : R == TcRole::kGradQ ? TcSrc::kK
-                             : R == TcRole::kGradK ? TcSrc::kQ : R == TcRole::kGradV ? TcSrc::kDout : TcSrc::kNone;
-  static constexpr bool reverse = R == TcRole::kGradK || R == TcRole::kGradV;
-  static constexpr bool has_state = R != TcRole::kDen;
-  // Transposed roles hold S^T / dS^T: state element (d, c) is matrix element (c, d) of [K][V].
-  static constexpr bool transposed = R == TcRole::kGradQ || R == TcRole::kGradK;
-  // dk and dv sum over the query heads of a group; the others write one output per query head.
-  static constexpr bool group_sum = reverse;
-};
-
-// Shared memory of one block (element offsets into the T region, then floats).
-template <int DI>
-struct TcLayout {
-  static constexpr int NS = 2;                            // pipeline stages
-  static constexpr int min_blocks = DI == 64 ? 3 : 2;    // blocks per SM (shared memory, registers)
-  static constexpr int NC = DI == 128 ? 32 : 64;         // output columns per block
-  static constexpr int LI = DI + 8, LC = NC + 8;          // row strides; +8 keeps ldmatrix conflict free
-  static constexpr int A = 0;                         // [64][LI]  row operand
-  static constexpr int B = A + kTcChunk * LI;         // [64][LI]  column operand
-  static constexpr int C = B + kTcChunk * LI;         // [64][LC]  value operand
-  static constexpr int stage = C + kTcChunk * LC;     // one pipeline stage (T elements)
-  static constexpr int Sh = NS * stage;               // [DI][LC]  state hi
-  static constexpr int Sl = Sh + DI * LC;             // [DI][LC]  state lo
-  static constexpr int t_elems = Sl + DI * LC;
-  // floats after the T region: per stage w[64], dd[64]; then z[max(DI, 64)]
-  static constexpr int w = 0, dd = kTcChunk, f_stage = 2 * kTcChunk, z = NS * f_stage;
-  static constexpr int f_elems = z + (DI > NC ? DI : NC);
-  static constexpr int64_t bytes(int t_size) { return int64_t(t_elems) * t_size + int64_t(f_elems) * 4; }
-};
-
-__device__ __forceinline__ const ConstView& tc_view(const LinearAttnParams& p, TcSrc s) {
-  return s == TcSrc::kQ ? p.q : s == TcSrc::kK ? p.k : s == TcSrc::kV ? p.v : p.dout;
-}
-__device__ __forceinline__ bool per_query_head(TcSrc s) { return s == TcSrc::kQ || s == TcSrc::kDout; }
-
-// Two-pass scan over segments of the sequences, for shapes whose (sequence, tile, kv head) blocks do
-// not fill the GPU: pass 1 (state_only) sums each segment's change of the state (and z) into
-// `partial`; pass 2 starts every segment from the initial state plus the partials of the segments
-// before it in sweep order. segments == 1 is the plain one-pass sweep.
-struct TcSplit {
-  int segments = 1;
-  int seg_chunks = 1 << 30;  // chunks per segment, in sweep order
-  bool state_only = false;
-  float* partial = nullptr;  // [segments][N][Hkv][tiles][DI * 64 + max(DI, 64)]
-};
-
-// Output tiles of a sweep: the den role has none (one block per (sequence, kv head)).
-template <TcRole R, int DI>
-__host__ __device__ inline int tc_tiles(const LinearAttnParams& p) {
-  const int64_t out = R == TcRole::kGradQ || R == TcRole::kGradK ? p.head_dim_k : p.head_dim_v;
-  return R == TcRole::kDen ? 1 : static_cast<int>(out / TcLayout<DI>::NC);
-}
-
-template <int DI>
-constexpr int64_t tc_partial_floats() {
-  constexpr int NC = TcLayout<DI>::NC;
-  return DI * NC + (DI > NC ? DI : NC);
-}
-
-template <class T, TcRole R, int DI>
+// kSplitState: S enters A S as bf16 hi + lo parts (~16 mantissa bits) instead of one bf16 (8 bits),
+// at the cost of a second product.
+template <class T, TcRole R, int DI, bool kSplitState>
 __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc_kernel(const LinearAttnParams p, const TcSplit split) {
   using Info = TcRoleInfo<R>;
   using L = TcLayout<DI>;
@@ -178,7 +109,7 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc
           const uint32_t hi = pack2<T>(x0, x1);
           const float2 back = unpack2<T>(hi);
           *reinterpret_cast<uint32_t*>(Sh + d * L::LC + c) = hi;
-          *reinterpret_cast<uint32_t*>(Sl + d * L::LC + c) = pack2<T>(x0 - back.x, x1 - back.y);
+          if constexpr (kSplitState) *reinterpret_cast<uint32_t*>(Sl + d * L::LC + c) = pack2<T>(x0 - back.x, x1 - back.y);
         }
   };
   if constexpr (Info::has_state) publish_state();
@@ -375,7 +306,7 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc
             uint32_t a[4];
             load_a(a, As, L::LI, r0, kk, lane);
 #pragma unroll
-            for (int part = 0; part < 2; ++part)  // hi, then lo: 8 independent accumulators apart
+            for (int part = 0; part < (kSplitState ? 2 : 1); ++part)  // hi, then lo: NT accumulators apart
 #pragma unroll
               for (int pr = 0; pr < NP; ++pr) {
                 uint32_t b[4];

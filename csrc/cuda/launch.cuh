@@ -75,8 +75,9 @@ inline bool tensor_core_backward(const LinearAttnParams& p, bool recurrent) {
 int sm_count();
 
 // Segments of the two-pass scan (chunk_tc.cuh, TcSplit) of a sweep of `blocks` (sequence, tile,
-// kv head) blocks when `per_sm` of them fit on an SM: a split only when the blocks fill less than
-// half of the GPU, into as many segments as fill it once; at least 16 chunks per segment.
+// kv head) blocks when `per_sm` of them fit on an SM: a split only when there are at most half as
+// many blocks as SMs, into as many segments as fill every block slot once; at least 16 chunks
+// per segment.
 // ATTNRNN_TC_SEGMENTS=n forces n (for measuring the tile table).
 inline int tc_segments(const LinearAttnParams& p, int64_t blocks, int per_sm) {
   static const int forced = [] {
@@ -85,7 +86,8 @@ inline int tc_segments(const LinearAttnParams& p, int64_t blocks, int per_sm) {
   }();
   const int64_t slots = int64_t(sm_count()) * per_sm;
   const int64_t chunks = (p.seqlen + kTcChunk - 1) / kTcChunk;
-  int64_t want = forced > 0 ? forced : (2 * blocks > slots ? 1 : slots / std::max<int64_t>(blocks, 1));
+  const bool few = 2 * blocks <= sm_count();  // measured: a split costs more than it gains above this
+  int64_t want = forced > 0 ? forced : (few ? slots / std::max<int64_t>(blocks, 1) : 1);
   want = std::min<int64_t>(want, std::max<int64_t>(1, chunks / 16));
   const int64_t seg_chunks = (chunks + want - 1) / std::max<int64_t>(want, 1);
   return static_cast<int>(seg_chunks > 0 ? (chunks + seg_chunks - 1) / seg_chunks : 1);
@@ -109,10 +111,10 @@ int64_t tc_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
 }
 
 // One sweep of chunk_tc_kernel, as one pass or two: grid (sequences x segments x tiles, kv heads).
-template <class T, TcRole R, int DI>
+template <class T, TcRole R, int DI, bool kSplitState>
 Status launch_tc_role(const LinearAttnParams& p, float* partial, const char* what) {
   const int64_t bytes = TcLayout<DI>::bytes(sizeof(T));
-  Status s = allow_smem(chunk_tc_kernel<T, R, DI>, bytes, what);
+  Status s = allow_smem(chunk_tc_kernel<T, R, DI, kSplitState>, bytes, what);
   if (s != Status::kSuccess) return s;
   TcSplit split;
   split.segments = partial != nullptr ? tc_role_segments<R, DI>(p) : 1;  // no workspace: one pass
@@ -124,18 +126,30 @@ Status launch_tc_role(const LinearAttnParams& p, float* partial, const char* wha
     split.seg_chunks = static_cast<int>((chunks + split.segments - 1) / split.segments);
     split.partial = partial;
     split.state_only = true;
-    chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split);
+    chunk_tc_kernel<T, R, DI, kSplitState><<<grid, kTcThreads, bytes, stream>>>(p, split);
     s = check_launch(what);
     if (s != Status::kSuccess) return s;
     split.state_only = false;
   }
-  chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split);
+  chunk_tc_kernel<T, R, DI, kSplitState><<<grid, kTcThreads, bytes, stream>>>(p, split);
   return check_launch(what);
+}
+
+// The state enters A S as bf16 hi + lo parts unless ATTNRNN_TC_STATE_SPLIT=0 (for measuring what
+// the second product costs).
+inline bool tc_split_state() {
+  static const bool split = [] {
+    const char* env = std::getenv("ATTNRNN_TC_STATE_SPLIT");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  return split;
 }
 
 template <class T, TcRole R>
 Status launch_tc(const LinearAttnParams& p, int64_t inner, float* partial, const char* what) {
-  return inner == 64 ? launch_tc_role<T, R, 64>(p, partial, what) : launch_tc_role<T, R, 128>(p, partial, what);
+  if (tc_split_state())
+    return inner == 64 ? launch_tc_role<T, R, 64, true>(p, partial, what) : launch_tc_role<T, R, 128, true>(p, partial, what);
+  return inner == 64 ? launch_tc_role<T, R, 64, false>(p, partial, what) : launch_tc_role<T, R, 128, false>(p, partial, what);
 }
 
 // Workspace of the CUDA ops: [2 floats per (token, query head) for the backward][pass-1 partials].

@@ -1,0 +1,80 @@
+// Plan of the tensor-core chunk scan (chunk_tc.cuh): the operands of each role, the shared-memory
+// layout and tile sizes, and the segment split of the two-pass scan.
+#pragma once
+
+#include "common.cuh"
+
+namespace attnrnn::cuda {
+
+enum class TcRole : int { kForward, kDen, kGradQ, kGradK, kGradV };
+enum class TcSrc : int { kQ, kK, kV, kDout, kNone };
+
+constexpr int kTcThreads = 128;
+constexpr int kTcChunk = 64;
+
+template <TcRole R>
+struct TcRoleInfo {
+  static constexpr TcSrc a = R == TcRole::kGradQ ? TcSrc::kDout : R == TcRole::kGradK ? TcSrc::kV
+                             : R == TcRole::kGradV ? TcSrc::kK : TcSrc::kQ;
+  static constexpr TcSrc b = R == TcRole::kGradQ ? TcSrc::kV : R == TcRole::kGradK ? TcSrc::kDout
+                             : R == TcRole::kGradV ? TcSrc::kQ : TcSrc::kK;
+  static constexpr TcSrc c = R == TcRole::kForward ? TcSrc::kV : R == TcRole::kGradQ ? TcSrc::kK
+                             : R == TcRole::kGradK ? TcSrc::kQ : R == TcRole::kGradV ? TcSrc::kDout : TcSrc::kNone;
+  static constexpr bool reverse = R == TcRole::kGradK || R == TcRole::kGradV;
+  static constexpr bool has_state = R != TcRole::kDen;
+  // Transposed roles hold S^T / dS^T: state element (d, c) is matrix element (c, d) of [K][V].
+  static constexpr bool transposed = R == TcRole::kGradQ || R == TcRole::kGradK;
+  // dk and dv sum over the query heads of a group; the others write one output per query head.
+  static constexpr bool group_sum = reverse;
+};
+
+// Shared memory of one block (element offsets into the T region, then floats).
+template <int DI>
+struct TcLayout {
+  static constexpr int NS = 2;                            // pipeline stages
+  static constexpr int min_blocks = DI == 64 ? 3 : 2;    // blocks per SM (shared memory, registers)
+  static constexpr int NC = DI == 128 ? 32 : 64;         // output columns per block
+  static constexpr int LI = DI + 8, LC = NC + 8;          // row strides; +8 keeps ldmatrix conflict free
+  static constexpr int A = 0;                         // [64][LI]  row operand
+  static constexpr int B = A + kTcChunk * LI;         // [64][LI]  column operand
+  static constexpr int C = B + kTcChunk * LI;         // [64][LC]  value operand
+  static constexpr int stage = C + kTcChunk * LC;     // one pipeline stage (T elements)
+  static constexpr int Sh = NS * stage;               // [DI][LC]  state hi
+  static constexpr int Sl = Sh + DI * LC;             // [DI][LC]  state lo
+  static constexpr int t_elems = Sl + DI * LC;
+  // floats after the T region: per stage w[64], dd[64]; then z[max(DI, 64)]
+  static constexpr int w = 0, dd = kTcChunk, f_stage = 2 * kTcChunk, z = NS * f_stage;
+  static constexpr int f_elems = z + (DI > NC ? DI : NC);
+  static constexpr int64_t bytes(int t_size) { return int64_t(t_elems) * t_size + int64_t(f_elems) * 4; }
+};
+
+__device__ __forceinline__ const ConstView& tc_view(const LinearAttnParams& p, TcSrc s) {
+  return s == TcSrc::kQ ? p.q : s == TcSrc::kK ? p.k : s == TcSrc::kV ? p.v : p.dout;
+}
+__device__ __forceinline__ bool per_query_head(TcSrc s) { return s == TcSrc::kQ || s == TcSrc::kDout; }
+
+// Two-pass scan over segments of the sequences, for shapes whose (sequence, tile, kv head) blocks do
+// not fill the GPU: pass 1 (state_only) sums each segment's change of the state (and z) into
+// `partial`; pass 2 starts every segment from the initial state plus the partials of the segments
+// before it in sweep order. segments == 1 is the plain one-pass sweep.
+struct TcSplit {
+  int segments = 1;
+  int seg_chunks = 1 << 30;  // chunks per segment, in sweep order
+  bool state_only = false;
+  float* partial = nullptr;  // [segments][N][Hkv][tiles][DI * 64 + max(DI, 64)]
+};
+
+// Output tiles of a sweep: the den role has none (one block per (sequence, kv head)).
+template <TcRole R, int DI>
+__host__ __device__ inline int tc_tiles(const LinearAttnParams& p) {
+  const int64_t out = R == TcRole::kGradQ || R == TcRole::kGradK ? p.head_dim_k : p.head_dim_v;
+  return R == TcRole::kDen ? 1 : static_cast<int>(out / TcLayout<DI>::NC);
+}
+
+template <int DI>
+constexpr int64_t tc_partial_floats() {
+  constexpr int NC = TcLayout<DI>::NC;
+  return DI * NC + (DI > NC ? DI : NC);
+}
+
+}  // namespace attnrnn::cuda
