@@ -89,7 +89,7 @@ __device__ __forceinline__ bool locate_block(const SoftmaxAttnParams& p, int64_t
   out.s = sequence(p, n);
   const int64_t len = keys ? out.s.Lk : out.s.Lq;
   const int64_t nb = (len + blk - 1) / blk;
-  if (j >= nb) return false;
+  if (j < 0 || j >= nb) return false;  // j < 0: r below s(0) (cu[0] > 0) or bad offsets
   out.start = (reverse ? nb - 1 - j : j) * blk;
   return true;
 }
@@ -128,6 +128,49 @@ __device__ __forceinline__ float exp2_fast(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// ---- tokens no sequence covers -------------------------------------------------------------------
+// cu_seqlens stays on the device (reading it back would be a host sync), so a launcher cannot know
+// which tokens bad offsets leave out. This kernel runs before the attention kernels and writes the
+// result of a query with no key (o = 0, lse = -inf) or the zero gradient (dq, dk, dv) to every token
+// that may be left out: [0, cu[0]) and [cu[N], T) with the clamped offsets, or all T tokens when
+// they decrease somewhere (then blocks may miss parts of sequences and sequences may overlap). The
+// attention kernels overwrite what their blocks cover afterwards (stream order), so every element
+// is written. Well-formed offsets (cu[0] = 0, non-decreasing, cu[N] = T) write nothing: each
+// block reads cu_seqlens once and returns. B == 1 with cu_seqlens.
+constexpr int kFillThreads = 256, kFillMaxBlocks = 256;
+
+template <class T>
+__device__ __forceinline__ void fill_rows(const MutView& v, int64_t heads, int64_t cols, int64_t lo, int64_t hi,
+                                          int64_t T_len, T value) {
+  const int64_t n = (lo + T_len - hi) * heads * cols, stride = int64_t(gridDim.x) * kFillThreads;
+  for (int64_t e = int64_t(blockIdx.x) * kFillThreads + threadIdx.x; e < n; e += stride) {
+    const int64_t c = e % cols, h = (e / cols) % heads, u = e / (cols * heads);
+    row<T>(v, 0, u < lo ? u : hi + (u - lo), h)[c] = value;
+  }
+}
+
+// bwd = false: o and lse (forward); bwd = true: dq, dk and dv.
+template <class T>
+__global__ void __launch_bounds__(kFillThreads) fill_uncovered_kernel(const SoftmaxAttnParams p, bool bwd) {
+  using A = typename AccOf<T>::type;
+  const int64_t T_len = p.seqlen_q;
+  bool bad = false;
+  for (int64_t n = threadIdx.x; n < p.num_seqs; n += kFillThreads) bad |= cu_at(p, n + 1) < cu_at(p, n);
+  bad = __syncthreads_or(bad);
+  const int64_t lo = bad ? T_len : cu_at(p, 0), hi = bad ? T_len : cu_at(p, p.num_seqs);
+  if (lo == 0 && hi == T_len) return;
+  const T zero = from_acc<T, A>(A(0));
+  if (!bwd) {
+    fill_rows<T>(p.o, p.num_heads, p.head_dim_v, lo, hi, T_len, zero);
+    const MutView lse{p.lse, 0, 1, T_len};  // [1, H, T]: token stride 1, head stride T
+    fill_rows<A>(lse, p.num_heads, 1, lo, hi, T_len, neg_inf<A>());
+  } else {
+    fill_rows<T>(p.dq, p.num_heads, p.head_dim, lo, hi, T_len, zero);
+    fill_rows<T>(p.dk, p.num_kv_heads, p.head_dim, lo, hi, T_len, zero);
+    fill_rows<T>(p.dv, p.num_kv_heads, p.head_dim_v, lo, hi, T_len, zero);
+  }
 }
 
 // ---- cp.async -----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@
 //    {64,128})
 //   step, generic      4 warps, 1 head            1 key per warp per step      any dims and dtypes
 // Rows with bad alignment (not 16-byte rows), other head dims and fp32/fp64 take the generic paths.
+// With cu_seqlens, fill_uncovered_kernel runs first: the tokens bad offsets may leave out (softmax_common.cuh).
 #pragma once
 
 #include <climits>
@@ -61,6 +62,18 @@ Status launch_blocks(Kernel kernel, const SoftmaxAttnParams& p, int64_t T, int b
   return check_launch(what);
 }
 
+// With cu_seqlens, before the attention kernels: the tokens that bad offsets may leave out get
+// o = 0, lse = -inf (forward) or zero gradients (backward); nothing for well-formed offsets.
+template <class T>
+Status fill_uncovered(const SoftmaxAttnParams& p, bool bwd) {
+  if (p.cu_seqlens == nullptr || p.seqlen_q == 0) return Status::kSuccess;
+  const int64_t cols = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
+  const int64_t want = (p.seqlen_q * p.num_heads * cols + 4 * sm::kFillThreads - 1) / (4 * sm::kFillThreads);
+  const unsigned blocks = static_cast<unsigned>(want < sm::kFillMaxBlocks ? want : sm::kFillMaxBlocks);
+  sm::fill_uncovered_kernel<T><<<blocks, sm::kFillThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p, bwd);
+  return check_launch(bwd ? "streaming_attn backward (uncovered tokens)" : "streaming_attn forward (uncovered tokens)");
+}
+
 }  // namespace smh
 
 template <class T>
@@ -68,6 +81,7 @@ Status launch_softmax_fwd(const SoftmaxAttnParams& p) {
   using A = typename AccOf<T>::type;
   if (p.batch == 0 || p.seqlen_q == 0) return Status::kSuccess;
   const char* what = "streaming_attn forward";
+  if (const Status s = smh::fill_uncovered<T>(p, false); s != Status::kSuccess) return s;
   if constexpr (smh::kHalf<T>) {
     if (smh::tensor_core_dims(p) && sm::rows16(p.q, 2) && sm::rows16(p.k, 2) && sm::rows16(p.v, 2) &&
         sm::rows16(p.o, 2)) {
@@ -109,6 +123,8 @@ Status launch_softmax_bwd(const SoftmaxAttnParams& p) {
     s = check_launch("streaming_attn backward (dot)");
     if (s != Status::kSuccess) return s;
   }
+  s = smh::fill_uncovered<T>(p, true);
+  if (s != Status::kSuccess) return s;
 
   if constexpr (smh::kHalf<T>) {
     if (smh::tensor_core_dims(p) && sm::rows16(p.q, 2) && sm::rows16(p.k, 2) && sm::rows16(p.v, 2) &&

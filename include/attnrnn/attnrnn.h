@@ -172,7 +172,10 @@ bool built_with_cuda();
 //   k, dk          : [B, Tk, Hkv, D]
 //   v, dv          : [B, Tk, Hkv, Dv]
 //   lse            : [B, H, Tq] contiguous, float32 (float64 for float64 inputs)
-// With cu_seqlens (B == 1, Tq == Tk) the N packed sequences are attended separately.
+// With cu_seqlens (B == 1, Tq == Tk) the N packed sequences are attended separately. Bad offsets
+// are an error on the CPU; on CUDA they are not read back (no host sync): they are clamped into
+// [0, T], tokens in no sequence get o = 0, lse = -inf and zero gradients, and nothing outside the
+// tensors is touched (decreasing offsets: rows of overlapping sequences are undefined).
 namespace attnrnn {
 
 struct SoftmaxAttnParams {

@@ -40,3 +40,70 @@ def test_step_tour(ar, ref, device, V):
     o = ar.linear_attn_step(q, k, v, (S, z), state_indices=idx, feature_map="elu1")
     o_ref = ref.linear_attn_step(q, k, v, (S_ref, z_ref), state_indices=idx, feature_map="elu1")
     assert relative_rms(o, o_ref) <= 1e-5 and relative_rms(S, S_ref) <= 1e-6
+
+
+# Softmax attention (attnrnn.softmax), Tq = Tk: (B, T, H, Hkv, D, dtype, cu_seqlens)
+SOFTMAX_CASES = [
+    (1, 77, 4, 2, 64, torch.bfloat16, None),               # tensor cores, GQA, lengths off the blocks
+    (2, 77, 4, 2, 128, torch.bfloat16, None),              # tensor cores at D = 128
+    (1, 150, 4, 2, 64, torch.bfloat16, (0, 40, 40, 150)),  # varlen with an empty sequence
+    (1, 77, 4, 2, 40, torch.float32, None),                # generic (CUDA-core) kernels
+]
+
+
+def _softmax_id(c):
+    B, T, H, Hkv, D, dtype, cu = c
+    return f"B{B}-T{T}-H{H}-Hkv{Hkv}-D{D}-{str(dtype).split('.')[-1]}" + ("-varlen" if cu else "")
+
+
+@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=_softmax_id)
+def test_softmax_forward_backward_tour(ar, device, case):
+    B, T, H, Hkv, D, dtype, cu = case
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(B, T, h, D, generator=g).to(dtype) for h in (H, Hkv, Hkv, H))
+    cu_t = torch.tensor(cu, dtype=torch.int32) if cu is not None else None
+    xs = [x.to(device, copy=True).requires_grad_() for x in (q, k, v)]
+    o = ar.softmax.streaming_attn(*xs, cu_seqlens=cu_t.to(device) if cu_t is not None else None)
+    o.backward(do.to(device))
+    # float64 reference on the CPU (fewer kernels under the sanitizer)
+    rs = [x.double().requires_grad_() for x in (q, k, v)]
+    o_ref = ar.softmax.reference_attn(*rs, cu_seqlens=cu_t)[0]
+    o_ref.backward(do.double())
+    tol = {torch.float32: 1e-5, torch.bfloat16: 8e-3}[dtype]
+    for name, x, r in zip(("o", "dq", "dk", "dv"), [o] + [x.grad for x in xs], [o_ref] + [r.grad for r in rs]):
+        assert relative_rms(x.detach().cpu(), r) <= tol, name
+
+
+@pytest.mark.parametrize("D", [128, 40], ids=["fast-D128", "generic-D40"])
+def test_softmax_step_tour(ar, device, D):
+    """Decode with k_new appended, split_size 64: several splits and the combine kernel."""
+    B, H, Hkv, Lmax = 3, 8, 2, 200
+    g = torch.Generator().manual_seed(1)
+    mk = lambda *shape: torch.randn(*shape, generator=g).to(torch.bfloat16)  # noqa: E731
+    q, kc, vc, kn, vn = mk(B, H, D), mk(B, Lmax, Hkv, D), mk(B, Lmax, Hkv, D), mk(B, Hkv, D), mk(B, Hkv, D)
+    lens = torch.tensor([0, 77, Lmax - 1], dtype=torch.int32)
+    kc_d, vc_d = kc.to(device, copy=True), vc.to(device, copy=True)
+    o = ar.softmax.softmax_attn_step(q.to(device), kc_d, vc_d, lens.to(device), k_new=kn.to(device),
+                                     v_new=vn.to(device), split_size=64)
+    rows = torch.arange(B)
+    kc[rows, lens.long()], vc[rows, lens.long()] = kn, vn
+    assert torch.equal(kc_d.cpu(), kc) and torch.equal(vc_d.cpu(), vc)
+    for b, L in enumerate((lens + 1).tolist()):
+        r = ar.softmax.reference_attn(q[b:b + 1, None].double(), kc[b:b + 1, :L].double(), vc[b:b + 1, :L].double(),
+                                      causal=False)[0][0, 0]
+        assert relative_rms(o[b].cpu(), r) <= 8e-3, b
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype,D", [(torch.bfloat16, 64), (torch.float32, 40)], ids=["bf16-D64", "fp32-D40"])
+def test_cuda_softmax_bad_cu_seqlens_tour(ar, dtype, D):
+    """Offsets that end short of T and decrease (not read back on CUDA): every output element is
+    written (initcheck reads them all below) and nothing outside the tensors is touched."""
+    for cu in ((0, 40, 60), (0, 40, 30)):
+        xs = [torch.randn(1, 77, h, D, device="cuda", dtype=dtype).requires_grad_() for h in (4, 2, 2)]
+        o, lse = ar.softmax.streaming_attn(*xs, return_lse=True,
+                                           cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"))
+        o.backward(torch.randn_like(o))
+        for x in (o, *(x.grad for x in xs)):
+            assert torch.isfinite(x).all() and torch.equal(x[:, 60:], torch.zeros_like(x[:, 60:]))
+        assert torch.isneginf(lse[..., 60:]).all()

@@ -391,7 +391,18 @@ def test_fake_kernel_raises_the_named_error_of_the_real_op(ar, name, build, rege
     assert_fake_kernel_raises_like_the_op(name, build, regex)
 
 
-@pytest.mark.parametrize("build", [b for _, b, _ in BAD], ids=[i for i, _, _ in BAD])
+def _bad_params():
+    out = []
+    for device in ("cpu", "cuda"):
+        marks = [_CUDA_ONLY] if device == "cuda" else []
+        for i, build, _ in BAD:
+            if device == "cuda" and i == "cu-end":
+                continue  # CUDA does not read cu_seqlens back: test_cuda_bad_cu_seqlens_values_are_not_trusted
+            out.append(pytest.param(device, build, marks=marks, id=f"{device}-{i}"))
+    return out
+
+
+@pytest.mark.parametrize("device,build", _bad_params())
 def test_bad_inputs_name_the_argument(ar, device, build):
     pattern = dict((b, p) for _, b, p in BAD)[build]
     op, d = build(device)
@@ -451,6 +462,44 @@ def test_cuda_fully_masked_rows_and_empty_sequences_nan_poisoned(ar, dtype, D):
                                         cu_seqlens=cu_t.cpu() if cu is not None else None)[0]
         tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}[dtype]
         assert relative_rms(o, r64) <= tol
+
+
+@_CUDA_ONLY
+@pytest.mark.parametrize("dtype,D", [(torch.bfloat16, 64), (torch.float32, 40)], ids=["bf16-D64", "fp32-D40"])
+@pytest.mark.parametrize("bad,good,covered", [
+    ([0, 70, 250], [0, 70, 250, 300], (0, 250)),        # ends short of T: tokens [250, 300) in no sequence
+    ([0, 70, 301], [0, 70, 300], (0, 300)),             # one past T: clamped to T
+    ([0, 70, 250, 200], [0, 70, 250, 300], (0, 250)),   # decreasing: the last sequence is empty
+    ([150, 170, 300], [0, 150, 170, 300], (150, 300)),  # starts past a whole block of queries
+], ids=["end-short", "end-past", "decreasing", "start-late"])
+def test_cuda_bad_cu_seqlens_values_are_not_trusted(ar, dtype, D, bad, good, covered):
+    """CUDA does not read cu_seqlens back (a host sync; the CPU raises: test_bad_inputs_name_the_argument):
+    no error, nothing outside the tensors touched, the sequences the offsets do describe computed
+    exactly as by the well-formed call, and tokens in no sequence written as o = 0, lse = -inf and
+    zero gradients (NaN-poisoned allocator: an unwritten element would show). Tensor cores (bf16,
+    D = 64) and the generic kernels (fp32, D = 40)."""
+    T = 300
+    q, k, v = _qkv(1, T, T, 4, 2, D, D, dtype, "cuda")
+    do = _mk((1, T, 4, D), dtype, "cuda", torch.Generator().manual_seed(2))
+    runs = []
+    for cu in (bad, good):
+        cu_t = torch.tensor(cu, dtype=torch.int32, device="cuda")
+        xs = [x.clone().requires_grad_() for x in (q, k, v)]
+        _poison_cuda_allocator(q, k, v, q.new_empty(1, 4, T, dtype=torch.float32))
+        o, lse = ar.softmax.streaming_attn(*xs, return_lse=True, cu_seqlens=cu_t)
+        _poison_cuda_allocator(q, k, v)
+        o.backward(do)
+        torch.cuda.synchronize()
+        runs.append((o.detach(), lse) + tuple(x.grad for x in xs))
+    (o, lse, *grads), (o_ok, lse_ok, *grads_ok) = runs
+    a, b = covered
+    for name, x, x_ok in zip(("o", "dq", "dk", "dv"), [o] + grads, [o_ok] + grads_ok):
+        assert torch.isfinite(x).all(), name
+        assert torch.equal(x[:, a:b], x_ok[:, a:b]), name
+        outside = torch.cat([x[:, :a], x[:, b:]], dim=1)
+        assert torch.equal(outside, torch.zeros_like(outside)), name
+    assert torch.equal(lse[..., a:b], lse_ok[..., a:b])
+    assert torch.isneginf(lse[..., :a]).all() and torch.isneginf(lse[..., b:]).all()
 
 
 @_CUDA_ONLY
