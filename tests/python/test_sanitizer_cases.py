@@ -12,9 +12,12 @@ CASES = [
     Case(1, 70, 2, 64, torch.float32, feature_map="relu", normalize=False, noncontig=True),
     Case(1, 90, 2, 16, torch.float16, seqlens=(1, 0, 40, 49), initial_state=True, final_state=True),
     Case(1, 20, 1, 256, torch.float32, V=256, initial_state=True, final_state=True),
-    # bf16, K = 64 and 128, V % 64 == 0: the tensor-core forward
+    # bf16/fp16, K and V in {64, 128}: the tensor-core scan (forward and backward sweeps)
     Case(2, 150, 4, 64, torch.bfloat16, Hkv=2, initial_state=True, final_state=True),
     Case(1, 200, 2, 128, torch.bfloat16, V=128, seqlens=(70, 0, 130), feature_map="relu", normalize=False),
+    Case(1, 130, 2, 64, torch.float16, V=128, initial_state=True, final_state=True),
+    # one block, 32 chunks: the two-pass segment split
+    Case(1, 2048, 1, 64, torch.bfloat16, initial_state=True, final_state=True),
 ]
 
 
