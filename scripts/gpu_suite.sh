@@ -51,7 +51,7 @@ if want sweep; then
   # segments (0 = the library's rule) x hi/lo state split, each in its own process (read once)
   for variant in "0 1" "8 1" "0 0"; do
     set -- $variant
-    ATTNRNN_TC_SEGMENTS=$1 ATTNRNN_TC_STATE_SPLIT=$2 python3 scripts/tc_sweep.py --out "$OUT/sweep_seg$1_split$2.json" 2>&1 |
+    PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_SEGMENTS=$1 ATTNRNN_TC_STATE_SPLIT=$2 python3 scripts/tc_sweep.py --out "$OUT/sweep_seg$1_split$2.json" 2>&1 |
       sed "s/^/seg=$1 split=$2 /"
   done
   ATTNRNN_TC_STATE_SPLIT=0 python3 -m pytest -q -p no:cacheprovider tests/python/test_cuda.py tests/python/test_numerics.py \

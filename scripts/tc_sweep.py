@@ -2,7 +2,7 @@
 times of chunk_linear_attn at the training shapes of design.md §5, for a given segment split
 (ATTNRNN_TC_SEGMENTS, read once per process; 0 = the library's own choice).
 
-    ATTNRNN_TC_SEGMENTS=0 python scripts/tc_sweep.py --out sweep_auto.json
+    ATTNRNN_TC_SEGMENTS=0 PYTHONPATH=python:. python scripts/tc_sweep.py --out sweep_auto.json
 """
 import argparse
 import json
@@ -11,23 +11,9 @@ import os
 import torch
 
 import attnrnn
+from bench.timing import median_ms
 
 SHAPES = [(8, 2048, 16, 64), (4, 8192, 16, 128), (1, 65536, 16, 128), (8, 4096, 32, 64)]
-
-
-def median_ms(fn, reps=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def main():
@@ -40,7 +26,7 @@ def main():
         make = lambda: torch.randn(B, T, H, D, generator=gen).to("cuda", torch.bfloat16)
         q, k, v, do = make().sigmoid(), make().sigmoid(), make() * 0.5, make()
         for normalize in (False, True):
-            fwd = median_ms(lambda: attnrnn.chunk_linear_attn(q, k, v, normalize=normalize))
+            fwd = median_ms(lambda: attnrnn.chunk_linear_attn(q, k, v, normalize=normalize), "cuda")
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
 
             def fwdbwd():
@@ -48,7 +34,7 @@ def main():
                     t.grad = None
                 attnrnn.chunk_linear_attn(*leaves, normalize=normalize)[0].backward(do)
 
-            both = median_ms(fwdbwd)
+            both = median_ms(fwdbwd, "cuda")
             floor_ms = 4 * q.numel() * 2 / 4.0e12 * 1e3
             rows.append(dict(shape=[B, T, H, D], normalize=normalize, fwd_ms=fwd, fwdbwd_ms=both,
                              fwd_pct_floor=100 * floor_ms / fwd,

@@ -67,20 +67,23 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc
     return split.partial + (((int64_t(j) * N + n) * Hkv + g) * tiles + tile) * tc_partial_floats<DI>();
   };
   const int earlier = split.state_only ? 0 : seg;  // partials that precede this segment
+  // f(x, d, c) for every state element x = S[d][c] this thread holds.
   float S[KT][NT][4];
-  {
-    const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
+  auto for_each_state = [&](auto&& f) {
 #pragma unroll
     for (int mi = 0; mi < KT; ++mi)
 #pragma unroll
       for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = warp * (DI / 4) + mi * 16 + gr + (e >= 2 ? 8 : 0), c = ni * 8 + t2 + (e & 1);
-          float x = (Info::has_state && S0 != nullptr && !split.state_only) ? S0[mat_index(d, c)] : 0.f;
-          for (int j = 0; j < earlier; ++j) x += partial_at(j)[d * NC + c];
-          S[mi][ni][e] = x;
-        }
+        for (int e = 0; e < 4; ++e)
+          f(S[mi][ni][e], warp * (DI / 4) + mi * 16 + gr + (e >= 2 ? 8 : 0), ni * 8 + t2 + (e & 1));
+  };
+  {
+    const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
+    for_each_state([&](float& x, int d, int c) {
+      x = (Info::has_state && S0 != nullptr && !split.state_only) ? S0[mat_index(d, c)] : 0.f;
+      for (int j = 0; j < earlier; ++j) x += partial_at(j)[d * NC + c];
+    });
   }
   if (p.normalize) {
     constexpr bool inner_z = R == TcRole::kForward || R == TcRole::kDen;
@@ -331,9 +334,8 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           if (!needed(j)) continue;
-          const uint32_t a[4] = {pack2<T>(P[2 * j][0], P[2 * j][1]), pack2<T>(P[2 * j][2], P[2 * j][3]),
-                                 pack2<T>(P[2 * j + 1][0], P[2 * j + 1][1]),
-                                 pack2<T>(P[2 * j + 1][2], P[2 * j + 1][3])};
+          uint32_t a[4];
+          c_to_a<T>(a, P[2 * j], P[2 * j + 1]);
 #pragma unroll
           for (int pr = 0; pr < NP; ++pr) {
             uint32_t b[4];
@@ -433,32 +435,14 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc
   // ---- pass 1: this segment's partial; otherwise the final state, from the last segment -----------
   if (split.state_only) {
     float* part = partial_at(seg);
-#pragma unroll
-    for (int mi = 0; mi < KT; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = warp * (DI / 4) + mi * 16 + gr + (e >= 2 ? 8 : 0), c = ni * 8 + t2 + (e & 1);
-          part[d * NC + c] = S[mi][ni][e];
-        }
+    for_each_state([&](float& x, int d, int c) { part[d * NC + c] = x; });
     for (int d = tid; d < (DI > NC ? DI : NC); d += kTcThreads) part[DI * NC + d] = p.normalize ? z[d] : 0.f;
     return;
   }
   if (seg != split.segments - 1) return;
   if constexpr (R == TcRole::kForward || R == TcRole::kGradV) {
     float* out = static_cast<float*>(R == TcRole::kForward ? p.final_S : p.d_initial_S);
-    if (out != nullptr) {
-#pragma unroll
-      for (int mi = 0; mi < KT; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int d = warp * (DI / 4) + mi * 16 + gr + (e >= 2 ? 8 : 0), c = ni * 8 + t2 + (e & 1);
-            out[mat_index(d, c)] = S[mi][ni][e];
-          }
-    }
+    if (out != nullptr) for_each_state([&](float& x, int d, int c) { out[mat_index(d, c)] = x; });
   }
   if constexpr (R == TcRole::kForward) {
     if (p.final_z != nullptr && tile == 0)

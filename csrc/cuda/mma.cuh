@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace attnrnn::cuda {
 
@@ -54,6 +55,16 @@ __device__ __forceinline__ float2 unpack2(uint32_t x) {
   } else {
     return __half22float2(*reinterpret_cast<const __half2*>(&x));
   }
+}
+
+// A operand of k-step j (columns [16j, 16j+16)) from C accumulators c[2j], c[2j+1] (n-tiles of 8):
+// the product of one mma feeds the next without going through shared memory.
+template <class T>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);
+  a[1] = pack2<T>(c0[2], c0[3]);
+  a[2] = pack2<T>(c1[0], c1[1]);
+  a[3] = pack2<T>(c1[2], c1[3]);
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
