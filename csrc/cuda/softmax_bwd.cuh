@@ -118,24 +118,7 @@ __global__ void __launch_bounds__(32 * W) bwd_dq_tc_kernel(const SoftmaxAttnPara
 
     // Recompute: S = Q Kᵀ and dP = dO Vᵀ for this warp's 16 rows.
     float S[NT][4], dP[NT][4];
-    zero(S);
-    zero(dP);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4], ao[4];
-      ldsm(a, q_at + at2(0, kk * 16, P));
-      ldsm(ao, o_at + at2(0, kk * 16, P));
-#pragma unroll
-      for (int nn = 0; nn < Bc / 16; ++nn) {
-        uint32_t b[4];
-        ldsm(b, kb + at2(nn * 16, kk * 16, P));
-        mma16816<T>(S[2 * nn], a, b[0], b[1]);
-        mma16816<T>(S[2 * nn + 1], a, b[2], b[3]);
-        ldsm(b, vb + at2(nn * 16, kk * 16, P));
-        mma16816<T>(dP[2 * nn], ao, b[0], b[1]);
-        mma16816<T>(dP[2 * nn + 1], ao, b[2], b[3]);
-      }
-    }
+    mma_xyt2<T, D, Bc, P>(S, q_at, kb, dP, o_at, vb);
 
     // dS = P ∘ (dP - D), P = 2^(S c - lse2) (0 where masked: blocks past the keys every row sees).
     int lim[2] = {Bc, Bc};
@@ -153,18 +136,7 @@ __global__ void __launch_bounds__(32 * W) bwd_dq_tc_kernel(const SoftmaxAttnPara
       }
 
     // dQ += dS K.
-#pragma unroll
-    for (int kj = 0; kj < Bc / 16; ++kj) {
-      uint32_t a[4];
-      c_to_a<T>(a, S[2 * kj], S[2 * kj + 1]);
-#pragma unroll
-      for (int dn = 0; dn < D / 16; ++dn) {
-        uint32_t b[4];
-        ldsm_t(b, kt + at2(kj * 16, dn * 16, P));
-        mma16816<T>(dQ[2 * dn], a, b[0], b[1]);
-        mma16816<T>(dQ[2 * dn + 1], a, b[2], b[3]);
-      }
-    }
+    mma_cy<T, Bc, D, P>(dQ, S, kt);
   }
 
   // Finish: dq = scale dQ through this warp's rows of the Q tile.
@@ -259,24 +231,7 @@ __global__ void __launch_bounds__(kDkvThreads, 1) bwd_dkv_tc_kernel(const Softma
 
     // Recompute, transposed (rows = this warp's 16 keys): Sᵀ = K Qᵀ, dPᵀ = V dOᵀ.
     float S[NT][4], dP[NT][4];
-    zero(S);
-    zero(dP);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ak[4], av[4];
-      ldsm(ak, k_at + at2(0, kk * 16, P));
-      ldsm(av, v_at + at2(0, kk * 16, P));
-#pragma unroll
-      for (int nn = 0; nn < Br / 16; ++nn) {
-        uint32_t b[4];
-        ldsm(b, qb + at2(nn * 16, kk * 16, P));
-        mma16816<T>(S[2 * nn], ak, b[0], b[1]);
-        mma16816<T>(S[2 * nn + 1], ak, b[2], b[3]);
-        ldsm(b, ob + at2(nn * 16, kk * 16, P));
-        mma16816<T>(dP[2 * nn], av, b[0], b[1]);
-        mma16816<T>(dP[2 * nn + 1], av, b[2], b[3]);
-      }
-    }
+    mma_xyt2<T, D, Br, P>(S, k_at, qb, dP, v_at, ob);
 
     // Pᵀ = 2^(Sᵀ c - lse2) (0 where masked), dSᵀ = Pᵀ ∘ (dPᵀ - D).
     const bool masked = s.causal && i < j0 + Bc - 1 - off;
@@ -301,13 +256,8 @@ __global__ void __launch_bounds__(kDkvThreads, 1) bwd_dkv_tc_kernel(const Softma
       c_to_a<T>(ad, dP[2 * kj], dP[2 * kj + 1]);
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
-        uint32_t b[4];
-        ldsm_t(b, ot + at2(kj * 16, dn * 16, P));
-        mma16816<T>(dV[2 * dn], ap, b[0], b[1]);
-        mma16816<T>(dV[2 * dn + 1], ap, b[2], b[3]);
-        ldsm_t(b, qt + at2(kj * 16, dn * 16, P));
-        mma16816<T>(dK[2 * dn], ad, b[0], b[1]);
-        mma16816<T>(dK[2 * dn + 1], ad, b[2], b[3]);
+        mma_block16<T, true>(dV[2 * dn], dV[2 * dn + 1], ap, ot + at2(kj * 16, dn * 16, P));
+        mma_block16<T, true>(dK[2 * dn], dK[2 * dn + 1], ad, qt + at2(kj * 16, dn * 16, P));
       }
     }
   }

@@ -92,7 +92,9 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dq_generic_kernel(const Softm
     }
     __syncthreads();
 
-    // Recompute P and dP for key j0 + lane; dS = P ∘ (dP - D).
+    // Recompute P and dP for key j0 + lane; dS = P ∘ (dP - D). Written out rather than two
+    // row_dots calls: those reorder this kernel's address set-up and ptxas then schedules the
+    // RQ = 4 kernel differently (same registers, different SASS).
     A sc[RQ], dp[RQ];
 #pragma unroll
     for (int i = 0; i < RQ; ++i) sc[i] = dp[i] = A(0);
@@ -135,12 +137,7 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dq_generic_kernel(const Softm
   for (int i = 0; i < RQ; ++i) {
     const int64_t q = i0 + warp + kGenWarps * i;
     if (q >= s.Lq) continue;
-    T* out = row<T>(p.dq, s.b, s.q0 + q, h);
-#pragma unroll
-    for (int jj = 0; jj < kGenCols; ++jj) {
-      const int col = lane + 32 * jj;
-      if (col < D) out[col] = from_acc<T, A>(dq[i][jj] * scale);
-    }
+    store_row(row<T>(p.dq, s.b, s.q0 + q, h), dq[i], scale, D, lane);
   }
 }
 
@@ -200,18 +197,8 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dkv_generic_kernel(const Soft
 
       // Recompute Pᵀ and dPᵀ of query i0 + lane against the warp's keys; dSᵀ = Pᵀ ∘ (dPᵀ - D).
       A sc[RK], dp[RK];
-#pragma unroll
-      for (int i = 0; i < RK; ++i) sc[i] = dp[i] = A(0);
-      for (int d = 0; d < D; ++d) {
-        const A qv = Qs[lane * (D + 1) + d];
-#pragma unroll
-        for (int i = 0; i < RK; ++i) sc[i] += Ks[(warp + kGenWarps * i) * D + d] * qv;
-      }
-      for (int d = 0; d < Dv; ++d) {
-        const A ov = dOs[lane * (Dv + 1) + d];
-#pragma unroll
-        for (int i = 0; i < RK; ++i) dp[i] += Vs[(warp + kGenWarps * i) * Dv + d] * ov;
-      }
+      row_dots(sc, Ks + warp * D, Qs + lane * (D + 1), D);
+      row_dots(dp, Vs + warp * Dv, dOs + lane * (Dv + 1), Dv);
       const A lq = lse_s[lane], dq = D_s[lane];
       const int64_t kvis = s.key_end(i0 + lane);  // keys query i0 + lane sees
 #pragma unroll

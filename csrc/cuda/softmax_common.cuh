@@ -241,6 +241,81 @@ __device__ __forceinline__ void ldsm_t(uint32_t (&r)[4], uint32_t addr) {
 // Byte offset of element (row, col) in a 2-byte tile of pitch P.
 __host__ __device__ constexpr uint32_t at2(int row, int col, int P) { return 2u * static_cast<uint32_t>(row * P + col); }
 
+// c = 0 for N accumulator tiles.
+template <int N>
+__device__ __forceinline__ void zero(float (&c)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[i][e] = 0.f;
+}
+
+// ---- warp products on tensor cores ---------------------------------------------------------------
+// The products of one warp's 16 rows, shared by the forward and both backward kernels. Tiles have
+// pitch P; addresses are shared-space bytes with the lane offset (lane_off_a / lane_off_b) already
+// added, so every ldmatrix below uses an immediate offset. The helpers issue the same instructions
+// in the same order as the loops they replaced (same SASS).
+
+// c0, c1 += a * the two n-tiles of one 16 x 16 block of B: ldmatrix at b (lane_off_b, B stored
+// [n][k]) or, with TRANS, ldmatrix.trans (lane_off_a, B stored [k][n]).
+template <class T, bool TRANS>
+__device__ __forceinline__ void mma_block16(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4], uint32_t b) {
+  uint32_t r[4];
+  if constexpr (TRANS) ldsm_t(r, b);
+  else ldsm(r, b);
+  mma16816<T>(c0, a, r[0], r[1]);
+  mma16816<T>(c1, a, r[2], r[3]);
+}
+
+// S = X Yᵀ: X a 16 x K tile at x (lane_off_a), Y an N x K tile stored [n][k] at y (lane_off_b).
+// The forward's score block Q Kᵀ.
+template <class T, int K, int N, int P>
+__device__ __forceinline__ void mma_xyt(float (&s)[N / 8][4], uint32_t x, uint32_t y) {
+  zero(s);
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t a[4];
+    ldsm(a, x + at2(0, kk * 16, P));
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn)
+      mma_block16<T, false>(s[2 * nn], s[2 * nn + 1], a, y + at2(nn * 16, kk * 16, P));
+  }
+}
+
+// Two such products in one k loop, 16 columns of each in turn: S = X1 Y1ᵀ and dP = X2 Y2ᵀ, as both
+// backward kernels recompute S = Q Kᵀ with dP = dO Vᵀ (the dk/dv kernel their transposes).
+template <class T, int K, int N, int P>
+__device__ __forceinline__ void mma_xyt2(float (&s)[N / 8][4], uint32_t x1, uint32_t y1, float (&dp)[N / 8][4],
+                                         uint32_t x2, uint32_t y2) {
+  zero(s);
+  zero(dp);
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t a1[4], a2[4];
+    ldsm(a1, x1 + at2(0, kk * 16, P));
+    ldsm(a2, x2 + at2(0, kk * 16, P));
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn) {
+      mma_block16<T, false>(s[2 * nn], s[2 * nn + 1], a1, y1 + at2(nn * 16, kk * 16, P));
+      mma_block16<T, false>(dp[2 * nn], dp[2 * nn + 1], a2, y2 + at2(nn * 16, kk * 16, P));
+    }
+  }
+}
+
+// C += X Y: X the accumulators of a 16 x N product (re-packed as A operands: one mma's result
+// feeds the next without shared memory), Y an N x M tile stored [n][m] at y (lane_off_a). The
+// forward's O += P V and the dq kernel's dQ += dS K.
+template <class T, int N, int M, int P>
+__device__ __forceinline__ void mma_cy(float (&c)[M / 8][4], const float (&x)[N / 8][4], uint32_t y) {
+#pragma unroll
+  for (int kj = 0; kj < N / 16; ++kj) {
+    uint32_t a[4];
+    c_to_a<T>(a, x[2 * kj], x[2 * kj + 1]);
+#pragma unroll
+    for (int dn = 0; dn < M / 16; ++dn)
+      mma_block16<T, true>(c[2 * dn], c[2 * dn + 1], a, y + at2(kj * 16, dn * 16, P));
+  }
+}
 
 // Writes accumulators c[N/8][4] of a warp's 16 rows (scaled by f[row half]) into a shared tile
 // at rows [r0, r0+16) as T (pitch P), for a coalesced store_tile afterwards.
@@ -254,14 +329,6 @@ __device__ __forceinline__ void stage_acc(T* tile, int P, int r0, const float (&
     for (int h = 0; h < 2; ++h)
       *reinterpret_cast<uint32_t*>(tile + (r0 + g + 8 * h) * P + ni * 8 + t2) =
           pack2<T>(c[ni][2 * h] * f[h], c[ni][2 * h + 1] * f[h]);
-}
-
-template <int N>
-__device__ __forceinline__ void zero(float (&c)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) c[i][e] = 0.f;
 }
 
 // 16-byte alignment of every row of a view of 2-byte elements (cp.async / vector stores).

@@ -18,6 +18,7 @@
 #pragma once
 
 #include "softmax_common.cuh"
+#include "softmax_generic.cuh"
 
 namespace attnrnn::cuda::sm {
 
@@ -82,21 +83,9 @@ __global__ void __launch_bounds__(kFwdThreads, 2) fwd_tc_kernel(const SoftmaxAtt
     }
 
     // Scores: S = Q Kᵀ for this warp's 16 rows.
-    float S[NT][4];
-    zero(S);
     const uint32_t kt = k_at + st * at2(Bc, 0, P), vt = v_at + st * at2(Bc, 0, P);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      ldsm(a, q_at + at2(0, kk * 16, P));
-#pragma unroll
-      for (int nn = 0; nn < Bc / 16; ++nn) {
-        uint32_t b[4];
-        ldsm(b, kt + at2(nn * 16, kk * 16, P));
-        mma16816<T>(S[2 * nn], a, b[0], b[1]);
-        mma16816<T>(S[2 * nn + 1], a, b[2], b[3]);
-      }
-    }
+    float S[NT][4];
+    mma_xyt<T, D, Bc, P>(S, q_at, kt);
 
     // Update: scale to log2 units, mask past each row's last key (only in blocks past the keys
     // every row sees), online softmax.
@@ -146,18 +135,7 @@ __global__ void __launch_bounds__(kFwdThreads, 2) fwd_tc_kernel(const SoftmaxAtt
     __syncthreads();  // V block j has landed
 
     // Values: O += P V.
-#pragma unroll
-    for (int kj = 0; kj < Bc / 16; ++kj) {
-      uint32_t a[4];
-      c_to_a<T>(a, S[2 * kj], S[2 * kj + 1]);
-#pragma unroll
-      for (int dn = 0; dn < D / 16; ++dn) {
-        uint32_t b[4];
-        ldsm_t(b, vt + at2(kj * 16, dn * 16, P));
-        mma16816<T>(O[2 * dn], a, b[0], b[1]);
-        mma16816<T>(O[2 * dn + 1], a, b[2], b[3]);
-      }
-    }
+    mma_cy<T, Bc, D, P>(O, S, vt);
   }
 
   // Finish: o = O / l through this warp's rows of the Q tile (coalesced stores), lse.
@@ -185,8 +163,6 @@ __global__ void __launch_bounds__(kFwdThreads, 2) fwd_tc_kernel(const SoftmaxAtt
 }
 
 // ---- generic path ---------------------------------------------------------------------------------
-constexpr int kGenWarps = 8, kGenThreads = 32 * kGenWarps, kGenBk = 32, kGenCols = 8;  // 8 x 32 >= 256 columns
-
 // Shared memory of the generic forward, in accumulator elements.
 struct FwdGenSmem {
   int64_t D, Dv, Bq;
@@ -246,13 +222,7 @@ __global__ void __launch_bounds__(kGenThreads) fwd_generic_kernel(const SoftmaxA
 
     // Scores of key j0 + lane against the warp's rows; online softmax across the warp.
     A sc[RQ];
-#pragma unroll
-    for (int i = 0; i < RQ; ++i) sc[i] = A(0);
-    for (int d = 0; d < D; ++d) {
-      const A kv = Ks[lane * (D + 1) + d];
-#pragma unroll
-      for (int i = 0; i < RQ; ++i) sc[i] += Qs[(warp + kGenWarps * i) * D + d] * kv;
-    }
+    row_dots(sc, Qs + warp * D, Ks + lane * (D + 1), D);
 #pragma unroll
     for (int i = 0; i < RQ; ++i) {
       const A x = j0 + lane < lim[i] ? sc[i] * scale : neg_inf<A>();
@@ -292,12 +262,7 @@ __global__ void __launch_bounds__(kGenThreads) fwd_generic_kernel(const SoftmaxA
     const int64_t q = i0 + warp + kGenWarps * i;
     if (q >= s.Lq) continue;
     const A inv = l[i] > A(0) ? A(1) / l[i] : A(0);
-    T* out = row<T>(p.o, s.b, s.q0 + q, h);
-#pragma unroll
-    for (int jj = 0; jj < kGenCols; ++jj) {
-      const int col = lane + 32 * jj;
-      if (col < Dv) out[col] = from_acc<T, A>(o[i][jj] * inv);
-    }
+    store_row(row<T>(p.o, s.b, s.q0 + q, h), o[i], inv, Dv, lane);
     if (lane == 0) static_cast<A*>(p.lse)[row_index(p, s, h, q)] = l[i] > A(0) ? m[i] + log(l[i]) : neg_inf<A>();
   }
 }
