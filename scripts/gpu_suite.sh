@@ -3,7 +3,7 @@
 # optionally compute-sanitizer and the benchmarks. Logs and JSON go to $OUT (default ./out).
 #   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [bench] [fla]
 # TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python. "sweep" times the
-# tensor-core scan at the training shapes for segment splits and with/without the hi/lo state.
+# tensor-core scan at the training shapes with the library's segment rule and a forced split.
 # "fla" installs .whl/fla_core-*.whl (copied from shared/wheels) so the benchmarks include fla.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -48,14 +48,11 @@ if want tests; then
   done
 fi
 if want sweep; then
-  # segments (0 = the library's rule) x hi/lo state split, each in its own process (read once)
-  for variant in "0 1" "8 1" "0 0"; do
-    set -- $variant
-    PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_SEGMENTS=$1 ATTNRNN_TC_STATE_SPLIT=$2 python3 scripts/tc_sweep.py --out "$OUT/sweep_seg$1_split$2.json" 2>&1 |
-      sed "s/^/seg=$1 split=$2 /"
+  # segments: 0 = the library's rule, 8 = forced (each in its own process: the knob is read once)
+  for seg in 0 8; do
+    PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_SEGMENTS=$seg python3 scripts/tc_sweep.py --out "$OUT/sweep_seg$seg.json" 2>&1 |
+      sed "s/^/seg=$seg /"
   done
-  ATTNRNN_TC_STATE_SPLIT=0 python3 -m pytest -q -p no:cacheprovider tests/python/test_cuda.py tests/python/test_numerics.py \
-    -k "cuda" 2>&1 | tail -3 | sed "s/^/state split off: /"
 fi
 if want sanitize; then
   for tool in memcheck racecheck initcheck synccheck; do

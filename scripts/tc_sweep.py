@@ -38,8 +38,7 @@ def main():
             floor_ms = 4 * q.numel() * 2 / 4.0e12 * 1e3
             rows.append(dict(shape=[B, T, H, D], normalize=normalize, fwd_ms=fwd, fwdbwd_ms=both,
                              fwd_pct_floor=100 * floor_ms / fwd,
-                             segments=os.environ.get("ATTNRNN_TC_SEGMENTS", "0"),
-                             state_split=os.environ.get("ATTNRNN_TC_STATE_SPLIT", "1")))
+                             segments=os.environ.get("ATTNRNN_TC_SEGMENTS", "0")))
             print(f"B{B}-T{T}-H{H}-D{D} norm={int(normalize)}  fwd {fwd * 1e3:8.1f} us "
                   f"({rows[-1]['fwd_pct_floor']:4.1f}% floor)  fwd+bwd {both * 1e3:8.1f} us", flush=True)
     with open(args.out, "w") as f:

@@ -28,9 +28,7 @@
 
 namespace attnrnn::cuda {
 
-// kSplitState: S enters A S as bf16 hi + lo parts (~16 mantissa bits) instead of one bf16 (8 bits),
-// at the cost of a second product.
-template <class T, TcRole R, int DI, bool kSplitState>
+template <class T, TcRole R, int DI>
 __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc_kernel(const LinearAttnParams p, const TcSplit split) {
   using Info = TcRoleInfo<R>;
   using L = TcLayout<DI>;
@@ -112,7 +110,7 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc
           const uint32_t hi = pack2<T>(x0, x1);
           const float2 back = unpack2<T>(hi);
           *reinterpret_cast<uint32_t*>(Sh + d * L::LC + c) = hi;
-          if constexpr (kSplitState) *reinterpret_cast<uint32_t*>(Sl + d * L::LC + c) = pack2<T>(x0 - back.x, x1 - back.y);
+          *reinterpret_cast<uint32_t*>(Sl + d * L::LC + c) = pack2<T>(x0 - back.x, x1 - back.y);
         }
   };
   if constexpr (Info::has_state) publish_state();
@@ -309,7 +307,7 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc
             uint32_t a[4];
             load_a(a, As, L::LI, r0, kk, lane);
 #pragma unroll
-            for (int part = 0; part < (kSplitState ? 2 : 1); ++part)  // hi, then lo: NT accumulators apart
+            for (int part = 0; part < 2; ++part)  // hi, then lo: NT accumulators apart
 #pragma unroll
               for (int pr = 0; pr < NP; ++pr) {
                 uint32_t b[4];

@@ -111,10 +111,10 @@ int64_t tc_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
 }
 
 // One sweep of chunk_tc_kernel, as one pass or two: grid (sequences x segments x tiles, kv heads).
-template <class T, TcRole R, int DI, bool kSplitState>
+template <class T, TcRole R, int DI>
 Status launch_tc_role(const LinearAttnParams& p, float* partial, const char* what) {
   const int64_t bytes = TcLayout<DI>::bytes(sizeof(T));
-  Status s = allow_smem(chunk_tc_kernel<T, R, DI, kSplitState>, bytes, what);
+  Status s = allow_smem(chunk_tc_kernel<T, R, DI>, bytes, what);
   if (s != Status::kSuccess) return s;
   TcSplit split;
   split.segments = partial != nullptr ? tc_role_segments<R, DI>(p) : 1;  // no workspace: one pass
@@ -126,30 +126,18 @@ Status launch_tc_role(const LinearAttnParams& p, float* partial, const char* wha
     split.seg_chunks = static_cast<int>((chunks + split.segments - 1) / split.segments);
     split.partial = partial;
     split.state_only = true;
-    chunk_tc_kernel<T, R, DI, kSplitState><<<grid, kTcThreads, bytes, stream>>>(p, split);
+    chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split);
     s = check_launch(what);
     if (s != Status::kSuccess) return s;
     split.state_only = false;
   }
-  chunk_tc_kernel<T, R, DI, kSplitState><<<grid, kTcThreads, bytes, stream>>>(p, split);
+  chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split);
   return check_launch(what);
-}
-
-// The state enters A S as bf16 hi + lo parts unless ATTNRNN_TC_STATE_SPLIT=0 (for measuring what
-// the second product costs).
-inline bool tc_split_state() {
-  static const bool split = [] {
-    const char* env = std::getenv("ATTNRNN_TC_STATE_SPLIT");
-    return env == nullptr || std::atoi(env) != 0;
-  }();
-  return split;
 }
 
 template <class T, TcRole R>
 Status launch_tc(const LinearAttnParams& p, int64_t inner, float* partial, const char* what) {
-  if (tc_split_state())
-    return inner == 64 ? launch_tc_role<T, R, 64, true>(p, partial, what) : launch_tc_role<T, R, 128, true>(p, partial, what);
-  return inner == 64 ? launch_tc_role<T, R, 64, false>(p, partial, what) : launch_tc_role<T, R, 128, false>(p, partial, what);
+  return inner == 64 ? launch_tc_role<T, R, 64>(p, partial, what) : launch_tc_role<T, R, 128>(p, partial, what);
 }
 
 // Workspace of the CUDA ops: [2 floats per (token, query head) for the backward][pass-1 partials].
