@@ -1,6 +1,10 @@
 """What only a GPU can show: CPU and CUDA agree, bitwise determinism over many runs, a problem past
 2**31 elements (64-bit offsets), bad device-side values stay in bounds, and the current stream.
 Skipped without CUDA (the rest of the suite runs on CUDA too through its `device` fixture)."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -31,6 +35,30 @@ TENSOR_CORE_CASES = [
 def test_tensor_core_path_meets_rules(ar, ref, case):
     ours, base, ref64 = compute_all(ar, ref, "chunk", case, "cuda")
     check_all(ours, base, ref64, case.dtype)
+
+
+# ATTNRNN_TC_SEGMENTS (the tile sweep's knob, read once per process) forces the two-pass split.
+_FORCED_SPLIT_RUN = """
+import sys, torch
+sys.path[:0] = sys.argv[2:]
+import attnrnn
+from cases import Case, make_inputs, run
+case = Case(1, 3000, 2, 64, torch.bfloat16, initial_state=True, final_state=True)
+torch.save({k: v.cpu() for k, v in run(attnrnn.chunk_linear_attn, case, make_inputs(case, "cuda")).items()},
+           sys.argv[1])
+"""
+
+
+def test_forced_segment_split_meets_rules(ar, ref, tmp_path):
+    case = Case(1, 3000, 2, 64, torch.bfloat16, initial_state=True, final_state=True)
+    path = tmp_path / "forced.pt"
+    env = dict(os.environ, ATTNRNN_TC_SEGMENTS="5")
+    subprocess.run([sys.executable, "-c", _FORCED_SPLIT_RUN, str(path), *sys.path], env=env, check=True)
+    forced = {k: v.cuda() for k, v in torch.load(path).items()}
+    ours, base, ref64 = compute_all(ar, ref, "chunk", case, "cuda")
+    check_all(forced, base, ref64, case.dtype)
+    for name in ours:  # the library's own split (2 segments here) and the forced one
+        assert relative_rms(forced[name], ours[name]) < 8e-3, name
 
 
 def _qkv(B, T, H, K, V, dtype, Hkv=None, device="cuda", seed=0):
