@@ -13,7 +13,7 @@
 // Nothing of size T x K x V is stored: the only scratch is the two per-token scalars.
 #pragma once
 
-#include "common.cuh"
+#include "chunk_generic.cuh"
 
 namespace attnrnn::cuda {
 
@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dq_kernel(const LinearA
   for (int64_t c0 = 0; c0 < seq.len; c0 += C) {
     const int cl = static_cast<int>(seq.len - c0 < C ? seq.len - c0 : C);
     const int64_t t0 = seq.t0 + c0;
+    // Load: phi(k) and v of the chunk (zero rows past the end).
     for (int i = tid; i < C * K; i += kBwdThreads) {
       const int t = i / K, k = i % K;
       Ks[t * KP + k] = t < cl ? phi(p.feature_map, to_acc<A>(row<T>(p.k, seq.b, t0 + t, g)[k])) : A(0);
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dq_kernel(const LinearA
     }
 
     for (int64_t h = g * G; h < (g + 1) * G; ++h) {
-      __syncthreads();
+      __syncthreads();  // Ks/Vs are loaded; the previous head is done with Qs, dN, dA, den, dd
       for (int i = tid; i < C * K; i += kBwdThreads) {
         const int t = i / K, k = i % K;
         Qs[t * KP + k] = t < cl ? scale * phi(p.feature_map, to_acc<A>(row<T>(p.q, seq.b, t0 + t, h)[k])) : A(0);
@@ -102,16 +103,13 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dq_kernel(const LinearA
         for (int i = tid; i < C * C; i += kBwdThreads) {
           const int t = i / C, j = i % C;
           A a = 0;
-          if (j <= t)
-            for (int k = 0; k < K; ++k) a += Qs[t * KP + k] * Ks[j * KP + k];
+          if (j <= t) a = dot(a, Qs + t * KP, 1, Ks + j * KP, 1, K);
           dA[t * CP + j] = a;
         }
         __syncthreads();
         for (int t = tid; t < C; t += kBwdThreads) {
-          A d = eps;
-          for (int k = 0; k < K; ++k) d += Qs[t * KP + k] * z[k];
-          for (int j = 0; j <= t; ++j) d += dA[t * CP + j];
-          den[t] = d;
+          const A d = dot(eps, Qs + t * KP, 1, z, 1, K);  // q'_t . z + eps
+          den[t] = sum(d, dA + t * CP, 1, t + 1);            // + the chunk's scores up to t
         }
         __syncthreads();
       } else {
@@ -144,7 +142,7 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dq_kernel(const LinearA
         A a = 0;
         if (j <= t) {
           a = dd[t];
-          for (int v = 0; v < V; ++v) a += dN[t * V + v] * Vs[j * V + v];
+          a = dot(a, dN + t * V, 1, Vs + j * V, 1, V);
         }
         dA[t * CP + j] = a;
       }
@@ -155,8 +153,8 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dq_kernel(const LinearA
         const int t = i / BK, kk = i % BK, k = k0 + kk;
         if (t >= cl || kk >= bk) continue;
         A acc = dd[t] * z[k];
-        for (int v = 0; v < V; ++v) acc += dN[t * V + v] * S[kk * VP + v];
-        for (int j = 0; j <= t; ++j) acc += dA[t * CP + j] * Ks[j * KP + k];
+        acc = dot(acc, dN + t * V, 1, S + kk * VP, 1, V);
+        acc = dot(acc, dA + t * CP, 1, Ks + k, KP, t + 1);
         const A qraw = to_acc<A>(row<T>(p.q, seq.b, t0 + t, h)[k]);
         row<T>(p.dq, seq.b, t0 + t, h)[k] = from_acc<T, A>(scale * dphi(p.feature_map, qraw) * acc);
       }
@@ -168,14 +166,11 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dq_kernel(const LinearA
       const int kk = i / V, v = i % V;
       if (kk >= bk) continue;
       A acc = S[kk * VP + v];
+      // written out: see chunk_generic.cuh
       for (int j = 0; j < cl; ++j) acc += Ks[j * KP + k0 + kk] * Vs[j * V + v];
       S[kk * VP + v] = acc;
     }
-    for (int k = tid; k < K; k += kBwdThreads) {
-      A acc = z[k];
-      for (int j = 0; j < cl; ++j) acc += Ks[j * KP + k];
-      z[k] = acc;
-    }
+    for (int k = tid; k < K; k += kBwdThreads) z[k] = sum(z[k], Ks + k, KP, cl);
     __syncthreads();
   }
 }
@@ -230,6 +225,7 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dk_kernel(const LinearA
     const int64_t c0 = c * C;
     const int cl = static_cast<int>(seq.len - c0 < C ? seq.len - c0 : C);
     const int64_t t0 = seq.t0 + c0;
+    // Load: v of the chunk.
     for (int i = tid; i < C * V; i += kBwdThreads) {
       const int t = i / V;
       Vs[i] = t < cl ? to_acc<A>(row<T>(p.v, seq.b, t0 + t, g)[i % V]) : A(0);
@@ -239,11 +235,12 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dk_kernel(const LinearA
     for (int i = tid; i < C * BK; i += kBwdThreads) {
       const int s = i / BK, kk = i % BK;
       A acc = dz[kk];
-      for (int v = 0; v < V; ++v) acc += dS[kk * VP + v] * Vs[s * V + v];
+      for (int v = 0; v < V; ++v) acc += dS[kk * VP + v] * Vs[s * V + v];  // written out: see chunk_generic.cuh
       dK[i] = acc;
     }
     for (int64_t h = g * G; h < (g + 1) * G; ++h) {
-      __syncthreads();
+      __syncthreads();  // the previous head is done with Qs, dN, dA, dd
+      // Per head: phi(q) on the K tile, dd and dn = do / d of the chunk (d, dd from the dq kernel).
       for (int i = tid; i < C * BK; i += kBwdThreads) {
         const int t = i / BK, kk = i % BK;
         Qs[t * QP + kk] = (t < cl && kk < bk)
@@ -258,12 +255,13 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dk_kernel(const LinearA
                        : A(0);
       }
       __syncthreads();
+      // dA[t][j] = dn_t . v_j + dd_t for j <= t, as in the dq kernel.
       for (int i = tid; i < C * C; i += kBwdThreads) {
         const int t = i / C, j = i % C;
         A a = 0;
         if (j <= t) {
           a = dd[t];
-          for (int v = 0; v < V; ++v) a += dN[t * V + v] * Vs[j * V + v];
+          for (int v = 0; v < V; ++v) a += dN[t * V + v] * Vs[j * V + v];  // written out: see chunk_generic.cuh
         }
         dA[t * CP + j] = a;
       }
@@ -271,24 +269,21 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dk_kernel(const LinearA
       // Intra-chunk: dk'_s += sum_{t>=s} dA[t][s] q'_t.
       for (int i = tid; i < C * BK; i += kBwdThreads) {
         const int s = i / BK, kk = i % BK;
-        A acc = dK[i];
-        for (int t = s; t < cl; ++t) acc += dA[t * CP + s] * Qs[t * QP + kk];
-        dK[i] = acc;
+        dK[i] = dot(dK[i], dA + s, CP, Qs + kk, QP, s, cl);
       }
       // dS~ += Q'^T dN, dz~ += Q'^T dd (this head's share of the chunk).
       for (int i = tid; i < BK * V; i += kBwdThreads) {
         const int kk = i / V, v = i % V;
-        A acc = dS[kk * VP + v];
-        for (int t = 0; t < cl; ++t) acc += Qs[t * QP + kk] * dN[t * V + v];
-        dS[kk * VP + v] = acc;
+        dS[kk * VP + v] = dot(dS[kk * VP + v], Qs + kk, QP, dN + v, V, cl);
       }
       for (int kk = tid; kk < BK; kk += kBwdThreads) {
         A acc = dz[kk];
-        for (int t = 0; t < cl; ++t) acc += Qs[t * QP + kk] * dd[t];
+        for (int t = 0; t < cl; ++t) acc += Qs[t * QP + kk] * dd[t];  // written out: see chunk_generic.cuh
         dz[kk] = acc;
       }
     }
     __syncthreads();
+    // dk = phi'(k) dk' on the K tile.
     for (int i = tid; i < C * BK; i += kBwdThreads) {
       const int s = i / BK, kk = i % BK;
       if (s >= cl || kk >= bk) continue;
@@ -346,6 +341,7 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dv_kernel(const LinearA
     const int64_t c0 = c * C;
     const int cl = static_cast<int>(seq.len - c0 < C ? seq.len - c0 : C);
     const int64_t t0 = seq.t0 + c0;
+    // Load: phi(k) of the chunk.
     for (int i = tid; i < C * K; i += kBwdThreads) {
       const int t = i / K, k = i % K;
       Ks[t * KP + k] = t < cl ? phi(p.feature_map, to_acc<A>(row<T>(p.k, seq.b, t0 + t, g)[k])) : A(0);
@@ -355,11 +351,12 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dv_kernel(const LinearA
     for (int i = tid; i < C * BV; i += kBwdThreads) {
       const int s = i / BV, v = i % BV;
       A acc = 0;
-      for (int k = 0; k < K; ++k) acc += Ks[s * KP + k] * dS[k * BV + v];
+      for (int k = 0; k < K; ++k) acc += Ks[s * KP + k] * dS[k * BV + v];  // written out: see chunk_generic.cuh
       dV[i] = acc;
     }
     for (int64_t h = g * G; h < (g + 1) * G; ++h) {
-      __syncthreads();
+      __syncthreads();  // the previous head is done with Qs, dN, As
+      // Per head: phi(q) and dn = do / d on the V tile (d from the dq kernel).
       for (int i = tid; i < C * K; i += kBwdThreads) {
         const int t = i / K, k = i % K;
         Qs[t * KP + k] = t < cl ? scale * phi(p.feature_map, to_acc<A>(row<T>(p.q, seq.b, t0 + t, h)[k])) : A(0);
@@ -371,29 +368,26 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dv_kernel(const LinearA
                     : A(0);
       }
       __syncthreads();
+      // Causal scores A[t][j] = q'_t . k'_j for j <= t, as in the forward.
       for (int i = tid; i < C * C; i += kBwdThreads) {
         const int t = i / C, j = i % C;
         A a = 0;
-        if (j <= t)
-          for (int k = 0; k < K; ++k) a += Qs[t * KP + k] * Ks[j * KP + k];
+        if (j <= t) a = dot(a, Qs + t * KP, 1, Ks + j * KP, 1, K);
         As[t * CP + j] = a;
       }
       __syncthreads();
       // Intra-chunk: dv_s += sum_{t>=s} A[t][s] dn_t; then dS~ += Q'^T dN.
       for (int i = tid; i < C * BV; i += kBwdThreads) {
         const int s = i / BV, v = i % BV;
-        A acc = dV[i];
-        for (int t = s; t < cl; ++t) acc += As[t * CP + s] * dN[t * BV + v];
-        dV[i] = acc;
+        dV[i] = dot(dV[i], As + s, CP, dN + v, BV, s, cl);
       }
       for (int i = tid; i < K * BV; i += kBwdThreads) {
         const int k = i / BV, v = i % BV;
-        A acc = dS[i];
-        for (int t = 0; t < cl; ++t) acc += Qs[t * KP + k] * dN[t * BV + v];
-        dS[i] = acc;
+        dS[i] = dot(dS[i], Qs + k, KP, dN + v, BV, cl);
       }
     }
     __syncthreads();
+    // dv of the chunk on the V tile.
     for (int i = tid; i < C * BV; i += kBwdThreads) {
       const int s = i / BV, v = i % BV;
       if (s < cl && v < bv) row<T>(p.dv, seq.b, t0 + s, g)[v0 + v] = from_acc<T, A>(dV[i]);

@@ -8,7 +8,7 @@
 //   state        S += K'^T V,  z += colsum(K')
 #pragma once
 
-#include "common.cuh"
+#include "chunk_generic.cuh"
 
 namespace attnrnn::cuda {
 
@@ -87,8 +87,7 @@ __global__ void __launch_bounds__(kFwdThreads) chunk_fwd_kernel(const LinearAttn
       for (int i = tid; i < C * C; i += kFwdThreads) {
         const int t = i / C, j = i % C;
         A a = 0;
-        if (j <= t)
-          for (int k = 0; k < K; ++k) a += Qs[t * KP + k] * Ks[j * KP + k];
+        if (j <= t) a = dot(a, Qs + t * KP, 1, Ks + j * KP, 1, K);
         As[t * CP + j] = a;
       }
       __syncthreads();
@@ -97,8 +96,8 @@ __global__ void __launch_bounds__(kFwdThreads) chunk_fwd_kernel(const LinearAttn
       if (p.normalize) {
         for (int t = tid; t < C; t += kFwdThreads) {
           A d = eps;
-          for (int k = 0; k < K; ++k) d += Qs[t * KP + k] * z[k];
-          for (int j = 0; j <= t; ++j) d += As[t * CP + j];
+          for (int k = 0; k < K; ++k) d += Qs[t * KP + k] * z[k];  // written out: see chunk_generic.cuh
+          d = sum(d, As + t * CP, 1, t + 1);
           den[t] = d;
         }
         __syncthreads();
@@ -108,9 +107,8 @@ __global__ void __launch_bounds__(kFwdThreads) chunk_fwd_kernel(const LinearAttn
       for (int i = tid; i < C * BV; i += kFwdThreads) {
         const int t = i / BV, v = i % BV;
         if (t >= cl || v >= bv) continue;
-        A acc = 0;
-        for (int k = 0; k < K; ++k) acc += Qs[t * KP + k] * S[k * BV + v];
-        for (int j = 0; j <= t; ++j) acc += As[t * CP + j] * Vs[j * BV + v];
+        A acc = dot(A(0), Qs + t * KP, 1, S + v, BV, K);
+        acc = dot(acc, As + t * CP, 1, Vs + v, BV, t + 1);
         if (p.normalize) acc /= den[t];
         row<T>(p.o, seq.b, t0 + t, h)[v0 + v] = from_acc<T, A>(acc);
       }
@@ -120,15 +118,9 @@ __global__ void __launch_bounds__(kFwdThreads) chunk_fwd_kernel(const LinearAttn
     // State update: S += K'^T V, z += colsum(K').
     for (int i = tid; i < K * BV; i += kFwdThreads) {
       const int k = i / BV, v = i % BV;
-      A acc = S[i];
-      for (int j = 0; j < cl; ++j) acc += Ks[j * KP + k] * Vs[j * BV + v];
-      S[i] = acc;
+      S[i] = dot(S[i], Ks + k, KP, Vs + v, BV, cl);
     }
-    for (int k = tid; k < K; k += kFwdThreads) {
-      A acc = z[k];
-      for (int j = 0; j < cl; ++j) acc += Ks[j * KP + k];
-      z[k] = acc;
-    }
+    for (int k = tid; k < K; k += kFwdThreads) z[k] = sum(z[k], Ks + k, KP, cl);
     __syncthreads();
   }
 
