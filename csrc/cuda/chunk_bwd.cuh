@@ -19,20 +19,6 @@ namespace attnrnn::cuda {
 
 constexpr int kBwdThreads = 256;
 
-struct BwdWorkspace {
-  // den[(b * T + t) * H + h] and dd[...] for every token and query head.
-  template <class A>
-  __device__ static A* den(const LinearAttnParams& p) { return static_cast<A*>(p.workspace); }
-  template <class A>
-  __device__ static A* dd(const LinearAttnParams& p) {
-    return static_cast<A*>(p.workspace) + p.batch * p.seqlen * p.num_heads;
-  }
-};
-
-__device__ __forceinline__ int64_t token_index(const LinearAttnParams& p, const Seq& seq, int64_t t, int64_t h) {
-  return (seq.b * p.seqlen + t) * p.num_heads + h;
-}
-
 // ---- dq: forward sweep ----------------------------------------------------------------------------
 inline int64_t dq_smem(int64_t K, int64_t V, int64_t C, int64_t BK) {
   return BK * (V + 1)    // S   [BK][V+1]  state rows of the K tile

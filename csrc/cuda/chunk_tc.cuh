@@ -52,8 +52,8 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc
   const Seq seq = sequence(p, n);
   const float scale = static_cast<float>(p.scale), eps = static_cast<float>(p.eps);
   const int64_t state_row = n * Hkv + g;
-  float* ws_w = static_cast<float*>(p.workspace);
-  float* ws_dd = ws_w == nullptr ? nullptr : ws_w + p.batch * p.seqlen * p.num_heads;
+  float* ws_w = BwdWorkspace::den<float>(p);  // holds w_t = s / den_t on this path
+  float* ws_dd = ws_w == nullptr ? nullptr : BwdWorkspace::dd<float>(p);
 
   // ---- initial state (registers) and z ---------------------------------------------------------
   auto mat_index = [&](int d, int c) {
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc
       if (p.normalize && tid < 2 * C) {
         const int t = tid % C;
         const bool valid = t < s.cl;
-        const int64_t idx = valid ? (seq.b * p.seqlen + s.t0 + t) * p.num_heads + s.h : 0;
+        const int64_t idx = valid ? token_index(p, seq, s.t0 + t, s.h) : 0;
         float* f = fl + (i % NS) * L::f_stage + (tid < C ? L::w : L::dd);
         cp_async4(f + t, (tid < C ? ws_w : ws_dd) + idx, valid);
       }
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc
             dot += __shfl_xor_sync(0xffffffffu, dot, 1);
             dot += __shfl_xor_sync(0xffffffffu, dot, 2);
             if (t < s.cl && (lane & 3) == 0) {
-              const int64_t idx = (seq.b * p.seqlen + s.t0 + t) * p.num_heads + s.h;
+              const int64_t idx = token_index(p, seq, s.t0 + t, s.h);
               ws_w[idx] = scale / den;
               ws_dd[idx] = -scale * dot / den;
             }

@@ -90,6 +90,22 @@ __device__ __forceinline__ T* row(const MutView& v, int64_t b, int64_t t, int64_
   return static_cast<T*>(v.data) + b * v.stride_b + t * v.stride_t + h * v.stride_h;
 }
 
+// The CUDA backward's scratch: two arrays of B*T*H accumulators, element token_index() per (token,
+// query head). The generic path keeps den_t and dd_t there; the tensor-core path keeps
+// w_t = s / den_t in the den slot and s * dd_t in the dd slot.
+struct BwdWorkspace {
+  template <class A>
+  __device__ static A* den(const LinearAttnParams& p) { return static_cast<A*>(p.workspace); }
+  template <class A>
+  __device__ static A* dd(const LinearAttnParams& p) {
+    return static_cast<A*>(p.workspace) + p.batch * p.seqlen * p.num_heads;
+  }
+};
+
+__device__ __forceinline__ int64_t token_index(const LinearAttnParams& p, const Seq& seq, int64_t t, int64_t h) {
+  return (seq.b * p.seqlen + t) * p.num_heads + h;
+}
+
 inline int64_t num_states(const LinearAttnParams& p) {
   return p.cu_seqlens != nullptr ? p.num_seqs : p.batch;
 }

@@ -84,9 +84,9 @@ inline int tc_segments(const LinearAttnParams& p, int64_t blocks, int per_sm) {
     const char* env = std::getenv("ATTNRNN_TC_SEGMENTS");
     return env != nullptr ? std::atoi(env) : 0;
   }();
-  const int64_t slots = int64_t(sm_count()) * per_sm;
+  const int64_t sms = sm_count(), slots = sms * per_sm;
   const int64_t chunks = (p.seqlen + kTcChunk - 1) / kTcChunk;
-  const bool few = 2 * blocks <= sm_count();  // measured: a split costs more than it gains above this
+  const bool few = 2 * blocks <= sms;  // measured: a split costs more than it gains above this
   int64_t want = forced > 0 ? forced : (few ? slots / std::max<int64_t>(blocks, 1) : 1);
   want = std::min<int64_t>(want, std::max<int64_t>(1, chunks / 16));
   const int64_t seg_chunks = (chunks + want - 1) / std::max<int64_t>(want, 1);
