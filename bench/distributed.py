@@ -38,6 +38,11 @@ except ImportError:  # run from a checkout without installing
     import attnrnn
 from attnrnn.distributed import context_parallel_linear_attn, exchange_bytes
 
+# NVLink multicast stays off in every process (the GPU machines' rule).
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+for _key, _value in NCCL_ENV.items():
+    os.environ.setdefault(_key, _value)
+
 CONFIGS = [("allgather", "local"), ("allgather", "initial_state"), ("chain", "local"), ("chain", "initial_state")]
 
 
@@ -62,20 +67,43 @@ def _time_all(fns, device, warmup, reps):
     return [statistics.median(t) * 1e3 for t in times]
 
 
-def run(args, rank, world, device):
+def _peak_bytes(fn, leaves, device, resident_io):
+    """Peak memory of one call on this rank, counting only the op's own tensors: the caching
+    allocator's peak minus what the benchmark holds that is not part of the call's inputs and
+    outputs (do for a forward, the exchange-alone buffers). None on CPU."""
+    if device.type != "cuda":
+        return None
+    for x in leaves:
+        x.grad = None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    held_other = torch.cuda.memory_allocated(device) - resident_io
+    fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - held_other
+    for x in leaves:
+        x.grad = None
+    return peak
+
+
+def run(args, T_total, rank, world, device):
     dtype = getattr(torch, args.dtype)
-    T = args.T // world
+    T = T_total // world
     g = torch.Generator(device="cpu").manual_seed(rank)
     mk = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)  # noqa: E731
-    q, k, v = mk(args.B, T, args.H, args.K), mk(args.B, T, args.Hkv, args.K), mk(args.B, T, args.Hkv, args.V)
+    leaves = [mk(args.B, T, args.H, args.K), mk(args.B, T, args.Hkv, args.K), mk(args.B, T, args.Hkv, args.V)]
+    leaves = [x.requires_grad_() for x in leaves]
     do = mk(args.B, T, args.H, args.V)
     opts = dict(normalize=not args.unnormalized, feature_map=args.feature_map, chunk_size=args.chunk_size)
-    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    nbytes = lambda xs: sum(x.numel() * x.element_size() for x in xs)  # noqa: E731
+    # inputs + outputs (+ gradients) of one rank's call: q, k, v, o (+ do, dq, dk, dv)
+    io_fwd = nbytes(leaves) + do.numel() * do.element_size()
+    io_fwd_bwd = 2 * (nbytes(leaves) + do.numel() * do.element_size())
 
     def forward(call):
         def f():
             with torch.no_grad():
-                call(q, k, v)
+                call(*leaves)
         return f
 
     def fwd_bwd(call):
@@ -107,40 +135,57 @@ def run(args, rank, world, device):
     fwd = _time_all(fns, device, args.warmup, args.reps)
     fns = [fwd_bwd(cfg[3]) for cfg in configs if cfg[3]]
     fb = iter(_time_all(fns, device, args.warmup, args.reps))
+    resident_fwd = nbytes(leaves)
+    resident_fwd_bwd = resident_fwd + do.numel() * do.element_size()
     rows = []
     for cfg, f in zip(configs, fwd):
         b = next(fb) if cfg[3] else None
+        mem = (None, None)
+        if cfg[3]:
+            mem = (_peak_bytes(forward(cfg[3]), leaves, device, resident_fwd),
+                   _peak_bytes(fwd_bwd(cfg[3]), leaves, device, resident_fwd_bwd))
         per_rank = [None] * world
-        dist.all_gather_object(per_rank, (f, b))
+        dist.all_gather_object(per_rank, (f, b, *mem))
         rows.append(dict(name=cfg[0], scheme=cfg[1], combine=cfg[2], bytes_per_rank=cfg[4],
-                         forward_ms=[p[0] for p in per_rank], fwd_bwd_ms=[p[1] for p in per_rank]))
-    return rows
+                         forward_ms=[p[0] for p in per_rank], fwd_bwd_ms=[p[1] for p in per_rank],
+                         forward_peak_bytes=[p[2] for p in per_rank], fwd_bwd_peak_bytes=[p[3] for p in per_rank]))
+    return dict(T=T_total, T_per_rank=T, io_bytes_forward=io_fwd, io_bytes_fwd_bwd=io_fwd_bwd, rows=rows)
 
 
 def _worker(rank, world, port, args, out_q):
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
-    rows = run(args, rank, world, torch.device("cpu"))
+    runs = [run(args, T, rank, world, torch.device("cpu")) for T in args.T]
     if rank == 0:
-        out_q.put(rows)
+        out_q.put(runs)
     dist.destroy_process_group()
 
 
-def _report(args, world, rows, device_desc, backend):
+def _report(args, world, runs, device_desc, backend):
     fmt = lambda xs: "/".join("-" if x is None else f"{x:.2f}" for x in xs)  # noqa: E731
-    print(f"# {world} ranks ({backend}, {device_desc}), B={args.B} T={args.T} (T/rank={args.T // world}) "
-          f"H={args.H} Hkv={args.Hkv} K={args.K} V={args.V} {args.dtype}, median of {args.reps}, ms per rank")
-    print(f"| {'configuration':32} | {'forward ms (rank 0/../R-1)':34} | {'fwd+bwd ms':34} | bytes/rank |")
-    print(f"|{'-' * 34}|{'-' * 36}|{'-' * 36}|-----------:|")
-    for r in rows:
-        fb = r["fwd_bwd_ms"] if r["fwd_bwd_ms"][0] is not None else [None] * world
-        print(f"| {r['name']:32} | {fmt(r['forward_ms']):34} | {fmt(fb):34} | {r['bytes_per_rank'] or '':>10} |")
+    gib = lambda xs: "/".join("-" if x is None else f"{x / 2**30:.2f}" for x in xs)  # noqa: E731
+    for run_ in runs:
+        T, rows = run_["T"], run_["rows"]
+        print(f"# {world} ranks ({backend}, {device_desc}), B={args.B} T={T} (T/rank={run_['T_per_rank']}) "
+              f"H={args.H} Hkv={args.Hkv} K={args.K} V={args.V} {args.dtype}, median of {args.reps}, per rank; "
+              f"inputs+outputs(+grads) per rank: fwd {run_['io_bytes_forward'] / 2**30:.2f} GiB, "
+              f"fwd+bwd {run_['io_bytes_fwd_bwd'] / 2**30:.2f} GiB")
+        print(f"| {'configuration':33} | {'forward ms':24} | {'fwd+bwd ms':24} | {'peak GiB fwd':18} "
+              f"| {'peak GiB fwd+bwd':18} | bytes/rank |")
+        print(f"|{'-' * 35}|{'-' * 26}|{'-' * 26}|{'-' * 20}|{'-' * 20}|-----------:|")
+        for r in rows:
+            fb = r["fwd_bwd_ms"] if r["fwd_bwd_ms"][0] is not None else [None] * world
+            print(f"| {r['name']:33} | {fmt(r['forward_ms']):24} | {fmt(fb):24} | {gib(r['forward_peak_bytes']):18} "
+                  f"| {gib(r['fwd_bwd_peak_bytes']):18} | {r['bytes_per_rank'] or '':>10} |")
     if args.out:
         meta = dict(world=world, backend=backend, device=device_desc, torch=torch.__version__,
-                    host=platform.node(), args=vars(args), command=" ".join(sys.argv))
+                    host=platform.node(), args=vars(args), command=" ".join(sys.argv),
+                    env={k: os.environ.get(k) for k in NCCL_ENV},
+                    peak_bytes="per rank: the allocator's peak during one call minus what the benchmark holds "
+                               "besides the call's inputs and outputs (and gradients for fwd+bwd)")
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+        Path(args.out).write_text(json.dumps(dict(meta=meta, runs=runs), indent=1) + "\n")
         print(f"wrote {args.out}")
 
 
@@ -148,7 +193,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=2, help="ranks to spawn (gloo, CPU); ignored under torchrun")
     p.add_argument("--B", type=int, default=1)
-    p.add_argument("--T", type=int, default=16384, help="total tokens, split evenly over the ranks")
+    p.add_argument("--T", type=int, nargs="+", default=[16384],
+                   help="total tokens, split evenly over the ranks (several: one run each, one process group)")
     p.add_argument("--H", type=int, default=8)
     p.add_argument("--Hkv", type=int, default=8)
     p.add_argument("--K", type=int, default=64)
@@ -174,10 +220,10 @@ def main():
             torch.set_num_threads(args.threads)
         dist.init_process_group(backend)
         rank, world = dist.get_rank(), dist.get_world_size()
-        rows = run(args, rank, world, device)
+        runs = [run(args, T, rank, world, device) for T in args.T]
         if rank == 0:
             desc = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-            _report(args, world, rows, desc, backend)
+            _report(args, world, runs, desc, backend)
         dist.destroy_process_group()
         return
 
@@ -190,10 +236,10 @@ def main():
     procs = [ctx.Process(target=_worker, args=(r, args.world, port, args, q)) for r in range(args.world)]
     for pr in procs:
         pr.start()
-    rows = q.get()
+    runs = q.get()
     for pr in procs:
         pr.join()
-    _report(args, args.world, rows, f"CPU, {args.threads} thread(s)/rank, {os.cpu_count()} cores", "gloo")
+    _report(args, args.world, runs, f"CPU, {args.threads} thread(s)/rank, {os.cpu_count()} cores", "gloo")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # The GPU machine's whole job in one call: build attnrnn with CUDA, run the test suite on CUDA,
 # optionally compute-sanitizer and the benchmarks. Logs and JSON go to $OUT (default ./out).
-#   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [bench] [fla]
-# TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python. "sweep" times the
-# tensor-core scan at the training shapes with the library's segment rule and a forced split.
-# "fla" installs .whl/fla_core-*.whl (copied from shared/wheels) so the benchmarks include fla.
+#   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [bench] [fla] [multigpu]
+# TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python; SANITIZE_TOOLS and
+# SANITIZE_K ("-k" expression) limit "sanitize". "sweep" times the tensor-core scan at the training
+# shapes with the library's segment rule and a forced split. "fla" installs
+# .whl/fla_core-*.whl (copied from shared/wheels) so the benchmarks include fla. "multigpu" runs
+# the context-parallel tests over NCCL on all GPUs and bench/distributed.py at B=1 H=16 D=128
+# bf16, T = 256k/512k/1M, on all GPUs and on one. SKIP_BUILD=1 reuses an in-place build.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# NVLink multicast stays off in every process (it can take a shared host's GPUs out of service).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 want() { [[ " $* " == *" all "* ]] || [[ " $STEPS " == *" $1 "* ]]; }
 STEPS=" $* "
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
@@ -25,15 +30,17 @@ if [ -x /usr/bin/g++ ]; then
 fi
 echo "compilers: CXX=${CXX:-default} ($(${CXX:-c++} --version | head -1))"
 
-rm -rf build/cmake-py*  # a fresh configure: a cached compiler from an earlier call would stick
-start=$(date +%s)
-if ! ATTNRNN_CUDA=ON ATTNRNN_BUILD_JOBS=$(nproc) python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1; then
-  tail -40 "$OUT/build.log"
-  exit 1
+if [ -z "${SKIP_BUILD:-}" ]; then
+  rm -rf build/cmake-py*  # a fresh configure: a cached compiler from an earlier call would stick
+  start=$(date +%s)
+  if ! ATTNRNN_CUDA=ON ATTNRNN_BUILD_JOBS=$(nproc) python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1; then
+    tail -40 "$OUT/build.log"
+    exit 1
+  fi
+  echo "build: $(( $(date +%s) - start )) s"
+  grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -5 > "$OUT/ptxas.txt"
 fi
-echo "build: $(( $(date +%s) - start )) s"
 export PYTHONPATH=$PWD/python:$PWD/tests/python${PYTHONPATH:+:$PYTHONPATH}
-grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -5 > "$OUT/ptxas.txt"
 
 status=0
 if want tests; then
@@ -55,11 +62,26 @@ if want sweep; then
   done
 fi
 if want sanitize; then
-  for tool in memcheck racecheck initcheck synccheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool --error-exitcode 9 \
-      python3 -m pytest -q -p no:cacheprovider tests/python/test_sanitizer_cases.py -k cuda -x \
+      python3 -m pytest -q -p no:cacheprovider tests/python/test_sanitizer_cases.py -k "${SANITIZE_K:-cuda}" -x \
       >"$OUT/sanitize_$tool.log" 2>&1
     echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1))"
+  done
+fi
+if want multigpu; then
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  python3 -m pytest -q -p no:cacheprovider tests/python/test_distributed.py -k nccl -rf >"$OUT/pytest_nccl.log" 2>&1 ||
+    status=1
+  echo "context-parallel tests over NCCL ($gpus GPUs): $(tail -1 "$OUT/pytest_nccl.log")"
+  for mode in norm unnorm; do
+    flag=$([ $mode = unnorm ] && echo --unnormalized)
+    for n in $gpus 1; do
+      torchrun --standalone --nproc-per-node "$n" bench/distributed.py --B 1 --H 16 --Hkv 16 --K 128 --V 128 \
+        --dtype bfloat16 --T 262144 524288 1048576 --warmup 2 --reps 7 $flag --out "$OUT/cp_h200_w${n}_$mode.json" \
+        >"$OUT/cp_h200_w${n}_$mode.log" 2>&1 || status=1
+      grep -E "^# |local \(|allgather/initial_state  |chain/initial_state" "$OUT/cp_h200_w${n}_$mode.log"
+    done
   done
 fi
 if want bench; then

@@ -1,6 +1,8 @@
-"""Context parallelism (attnrnn.distributed) against the single-process op, over gloo on CPU.
+"""Context parallelism (attnrnn.distributed) against the single-process op: over gloo on CPU
+(2 and 4 ranks) and over NCCL with one GPU per rank (2 and 4 ranks, where the machine has them;
+CUDA tensors, the CUDA kernels on both sides).
 
-One group of N spawned ranks per world size (2 and 4) runs every case in turn; each case is then
+One group of N spawned ranks per (backend, world size) runs every case in turn; each case is then
 reported as its own test. Every rank builds the same full inputs from a seed, computes the
 single-process chunk_linear_attn on the concatenated sequence (the reference), runs
 context_parallel_linear_attn on its own segment, and compares its output, the final state and
@@ -24,12 +26,16 @@ import attnrnn
 from attnrnn.distributed import context_parallel_linear_attn
 
 TIMEOUT_S = 120  # a hung collective fails the test instead of blocking the suite
+# NVLink multicast stays off in every process (the GPU machines' rule; children inherit it).
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+DEVICE = torch.device("cpu")  # a rank's device, set by _worker in each spawned process
 
 LENS = {  # per world size: tokens per rank (concatenated in rank order)
     "uneven": {2: [29, 0], 4: [5, 0, 31, 12]},
     "first_empty": {2: [0, 33], 4: [0, 9, 0, 20]},
     "even": {2: [24, 24], 4: [12, 12, 12, 12]},
     "short": {2: [1, 40], 4: [1, 1, 17, 3]},
+    "long": {2: [300, 211], 4: [130, 0, 250, 131]},  # several chunks per rank
 }
 
 
@@ -62,6 +68,12 @@ CASES = {
     "f32-norm-elu1-allgather-local": _case(dtype=torch.float32),
     "f32-norm-elu1-chain-initial_state": _case(dtype=torch.float32, scheme="chain", combine="initial_state"),
     "f32-unnorm-relu-allgather": _case(dtype=torch.float32, normalize=False, feature_map="relu", lens="even"),
+    # the training precision at head dims with tensor-core kernels on the GPU
+    "bf16-norm-elu1-allgather-initial_state-K64": _case(dtype=torch.bfloat16, combine="initial_state", lens="long",
+                                                        H=4, Hkv=2, K=64, V=64),
+    "bf16-unnorm-chain-initial_state-K128": _case(dtype=torch.bfloat16, normalize=False, scheme="chain",
+                                                  combine="initial_state", lens="long", H=2, Hkv=2, K=128, V=128,
+                                                  B=1),
 }
 
 ERROR_CASES = ("mismatched_B", "mismatched_K", "mismatched_dtype", "local_dtype_mix",
@@ -85,7 +97,7 @@ def _inputs(c, world):
     W = torch.randn(B, T, H, V, generator=g, dtype=torch.float64).to(dt)
     gS = torch.randn(world, B, Hkv, K, V, generator=g, dtype=torch.float64).to(sdt)
     gz = torch.randn(world, B, Hkv, K, generator=g, dtype=torch.float64).to(sdt)
-    return lens, q, k, v, S0, z0, W, gS, gz
+    return (lens, *(x.to(DEVICE) for x in (q, k, v, S0, z0, W, gS, gz)))
 
 
 def _compare(name, x, ref, dtype, failures, whole=None):
@@ -112,7 +124,9 @@ def _compare(name, x, ref, dtype, failures, whole=None):
     else:  # relative RMS, scaled to the whole tensor's RMS
         rms = whole.norm() / max(whole.numel(), 1) ** 0.5
         err = ((x - ref).norm() / max(ref.numel(), 1) ** 0.5 / rms.clamp_min(1e-300)).item()
-        tol = 1e-5
+        # fp32: summation order only. bf16: both sides keep an fp32 state and round o and the
+        # gradients to bf16 once, at different points: two bf16 unit roundoffs.
+        tol = 1e-5 if dtype == torch.float32 else 2 * 2.0 ** -8
     if not err <= tol:
         failures.append(f"{name}: relative error {err:.3e} > {tol:.0e}")
 
@@ -185,13 +199,15 @@ def _run_error_case(name, rank, world):
         kw["scale"] = K ** -0.5
     if name == "scale_explicit_mismatch":  # -1.0 (once taken for "default") against None
         kw["scale"] = -1.0 if rank == 0 else None
-    q, k, v = torch.randn(B, T, H, K, dtype=dt), torch.randn(B, T, Hkv, K, dtype=dt), torch.randn(B, T, Hkv, V, dtype=dt)
+    rnd = lambda *s, dtype=dt: torch.randn(*s, dtype=dtype, device=DEVICE)  # noqa: E731
+    zeros = lambda *s, dtype=torch.float32: torch.zeros(*s, dtype=dtype, device=DEVICE)  # noqa: E731
+    q, k, v = rnd(B, T, H, K), rnd(B, T, Hkv, K), rnd(B, T, Hkv, V)
     if name == "local_dtype_mix" and rank == 0:
         k = k.double()
     if name == "initial_state_on_rank1" and rank == 1:
-        kw["initial_state"] = (torch.zeros(B, Hkv, K, V), torch.zeros(B, Hkv, K))
+        kw["initial_state"] = (zeros(B, Hkv, K, V), zeros(B, Hkv, K))
     if name == "initial_state_dtype" and rank == 0:
-        kw["initial_state"] = (torch.zeros(B, Hkv, K, V, dtype=torch.float64), torch.zeros(B, Hkv, K))
+        kw["initial_state"] = (zeros(B, Hkv, K, V, dtype=torch.float64), zeros(B, Hkv, K))
     if name == "group_not_member":
         sub = torch.distributed.new_group([0])  # collective over the whole world
         kw["group"] = sub
@@ -207,12 +223,18 @@ def _run_error_case(name, rank, world):
     return (None, "")
 
 
-def _worker(rank, world, init_file, out_path):
+def _worker(rank, world, backend, init_file, out_path):
+    global DEVICE
     results = {}
     try:
         torch.set_num_threads(1)
-        torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                             world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        kw = {}
+        if backend == "nccl":
+            DEVICE = torch.device("cuda", rank)
+            torch.cuda.set_device(DEVICE)
+            kw["device_id"] = DEVICE
+        torch.distributed.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
+                                             world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S), **kw)
         for name, c in CASES.items():
             try:
                 results[name] = _run_case(c, rank, world)
@@ -230,16 +252,27 @@ def _worker(rank, world, init_file, out_path):
         json.dump(results, f)
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
+def _group(backend, world):
+    if backend == "gloo":
+        return pytest.param(("gloo", world), id=f"gloo-world{world}")
+    enough = torch.cuda.is_available() and torch.cuda.device_count() >= world and torch.distributed.is_nccl_available()
+    return pytest.param(("nccl", world), id=f"nccl-cuda-world{world}",
+                        marks=pytest.mark.skipif(not enough, reason=f"needs {world} CUDA devices and NCCL"))
+
+
+@pytest.fixture(scope="module", params=[_group(b, w) for b in ("gloo", "nccl") for w in (2, 4)])
 def group_results(request):
-    """Spawns one gloo group of `world` ranks that runs every case; returns per-rank results."""
-    world = request.param
+    """Spawns one group of `world` ranks (gloo on CPU, or NCCL with one GPU per rank) that runs
+    every case; returns per-rank results."""
+    backend, world = request.param
+    for key, value in NCCL_ENV.items():
+        os.environ.setdefault(key, value)
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         paths = [os.path.join(tmp, f"rank{r}.json") for r in range(world)]
         # A file store in the private temp dir: no free-port race (bind, close, another process takes it).
         init_file = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(r, world, init_file, paths[r])) for r in range(world)]
+        procs = [ctx.Process(target=_worker, args=(r, world, backend, init_file, paths[r])) for r in range(world)]
         for p in procs:
             p.start()
         for p in procs:
