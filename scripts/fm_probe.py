@@ -16,7 +16,7 @@ def ms(fn, reps=10):
     return sorted(t)[len(t) // 2]
 
 
-for T in (65536, 262144):
+for T in (65536,):
     for dist_ in ("randn", "sigmoid"):
         g = torch.Generator(device="cuda").manual_seed(0)
         mk = lambda: torch.randn(1, T, 16, 128, device="cuda", generator=g, dtype=torch.bfloat16)

@@ -7,7 +7,8 @@
 # shapes with the library's segment rule and a forced split. "fla" installs
 # .whl/fla_core-*.whl (copied from shared/wheels) so the benchmarks include fla. "multigpu" runs
 # the context-parallel tests over NCCL on all GPUs and bench/distributed.py at B=1 H=16 D=128
-# bf16, T = 256k/512k/1M, on all GPUs and on one. SKIP_BUILD=1 reuses an in-place build.
+# bf16, T = 256k/512k/1M, on all GPUs and on one (CP_MODES="norm unnorm": normalize on/off).
+# SKIP_BUILD=1 reuses an in-place build.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -74,7 +75,7 @@ if want multigpu; then
   python3 -m pytest -q -p no:cacheprovider tests/python/test_distributed.py -k nccl -rf >"$OUT/pytest_nccl.log" 2>&1 ||
     status=1
   echo "context-parallel tests over NCCL ($gpus GPUs): $(tail -1 "$OUT/pytest_nccl.log")"
-  for mode in norm unnorm; do
+  for mode in ${CP_MODES:-norm unnorm}; do
     flag=$([ $mode = unnorm ] && echo --unnormalized)
     for n in $gpus 1; do
       torchrun --standalone --nproc-per-node "$n" bench/distributed.py --B 1 --H 16 --Hkv 16 --K 128 --V 128 \

@@ -28,8 +28,29 @@
 
 namespace attnrnn::cuda {
 
+// phi(x) of a [B, T, H, K] view into a contiguous copy, 8 elements per thread and step (K % 8 == 0,
+// rows 16-byte aligned: the tensor-core path's requirements). Rounding as in the sweep's own
+// transform: phi in fp32 of the input element, rounded to nearest.
+template <class T>
+__global__ void feature_map_kernel(const ConstView in, int64_t B, int64_t Tn, int64_t H, int64_t K,
+                                   FeatureMap fm, T* out) {
+  const int64_t pieces = K / 8, total = B * Tn * H * pieces;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += gridDim.x * int64_t(blockDim.x)) {
+    const int64_t r = i / pieces, h = r % H, t = (r / H) % Tn, b = r / H / Tn;
+    uint4 x = *reinterpret_cast<const uint4*>(row<T>(in, b, t, h) + (i % pieces) * 8);
+    uint32_t* u = reinterpret_cast<uint32_t*>(&x);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = unpack2<T>(u[j]);
+      u[j] = pack2<T>(phi(fm, f.x), phi(fm, f.y));
+    }
+    reinterpret_cast<uint4*>(out)[i] = x;
+  }
+}
+
 template <class T, TcRole R, int DI>
-__global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc_kernel(const LinearAttnParams p, const TcSplit split) {
+__global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
+    chunk_tc_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat) {
   using Info = TcRoleInfo<R>;
   using L = TcLayout<DI>;
   constexpr int NS = L::NS, KT = DI / 64, C = kTcChunk, NC = L::NC, NT = NC / 8, NP = NC / 16;
@@ -134,7 +155,7 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc
 
   // A thread copies the same column piece e of every (128 / pieces)-th row: one row address per tile.
   auto load_tile = [&](T* dst, int ld, TcSrc src, int width, int col0, const Step& s) {
-    const ConstView& view = tc_view(p, src);
+    const ConstView& view = tc_view(p, feat, src);
     const int pieces = width / 8, rows_per_pass = kTcThreads / pieces;
     const int t_first = tid / pieces, e = (tid % pieces) * 8;
     const T* from = row<T>(view, seq.b, s.t0 + t_first, per_query_head(src) ? s.h : g) + col0 + e;
@@ -163,7 +184,8 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks) chunk_tc
 
   // phi on q/k tiles and the row weights w on dout tiles, in place (rows past the chunk stay 0).
   auto transform = [&](T* tile, int ld, TcSrc src, int width, const Step& s, const float* w) {
-    const bool fm = (src == TcSrc::kQ || src == TcSrc::kK) && p.feature_map != FeatureMap::kIdentity;
+    const bool fm = (src == TcSrc::kQ || src == TcSrc::kK) && p.feature_map != FeatureMap::kIdentity &&
+                    feat.q.data == nullptr;
     if (!fm && src != TcSrc::kDout) return false;
     const int pieces = width / 8;
     for (int i = tid; i < C * pieces; i += kTcThreads) {

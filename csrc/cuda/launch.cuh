@@ -112,7 +112,7 @@ int64_t tc_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
 
 // One sweep of chunk_tc_kernel, as one pass or two: grid (sequences x segments x tiles, kv heads).
 template <class T, TcRole R, int DI>
-Status launch_tc_role(const LinearAttnParams& p, float* partial, const char* what) {
+Status launch_tc_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
   const int64_t bytes = TcLayout<DI>::bytes(sizeof(T));
   Status s = allow_smem(chunk_tc_kernel<T, R, DI>, bytes, what);
   if (s != Status::kSuccess) return s;
@@ -126,49 +126,90 @@ Status launch_tc_role(const LinearAttnParams& p, float* partial, const char* wha
     split.seg_chunks = static_cast<int>((chunks + split.segments - 1) / split.segments);
     split.partial = partial;
     split.state_only = true;
-    chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split);
+    chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
     s = check_launch(what);
     if (s != Status::kSuccess) return s;
     split.state_only = false;
   }
-  chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split);
+  chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
   return check_launch(what);
 }
 
 template <class T, TcRole R>
-Status launch_tc(const LinearAttnParams& p, int64_t inner, float* partial, const char* what) {
-  return inner == 64 ? launch_tc_role<T, R, 64>(p, partial, what) : launch_tc_role<T, R, 128>(p, partial, what);
+Status launch_tc(const LinearAttnParams& p, int64_t inner, float* partial, const TcFeatures& feat, const char* what) {
+  return inner == 64 ? launch_tc_role<T, R, 64>(p, partial, feat, what)
+                     : launch_tc_role<T, R, 128>(p, partial, feat, what);
 }
 
-// Workspace of the CUDA ops: [2 floats per (token, query head) for the backward][pass-1 partials].
+// Workspace of the CUDA ops: [2 floats per (token, query head) for the backward][pass-1 partials]
+// [phi(q), phi(k) when the tensor-core sweeps run with a feature map].
+inline int64_t round256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 inline int64_t token_scalar_bytes(const LinearAttnParams& p, bool backward) {
   const int64_t acc = p.dtype == DType::kFloat64 ? 8 : 4;
-  return backward ? (2 * p.batch * p.seqlen * p.num_heads * acc + 255) / 256 * 256 : 0;
+  return backward ? round256(2 * p.batch * p.seqlen * p.num_heads * acc) : 0;
+}
+inline bool tensor_core_sweep(const LinearAttnParams& p, bool backward) {
+  return backward ? tensor_core_backward(p, false) : tensor_core_forward(p, false);
+}
+inline int64_t partial_bytes(const LinearAttnParams& p, bool backward) {
+  const int64_t K = p.head_dim_k, V = p.head_dim_v;
+  if (!tensor_core_sweep(p, backward)) return 0;
+  if (!backward) return tc_partial_floats_of<TcRole::kForward>(p, K) * 4;
+  return 4 * std::max({p.normalize ? tc_partial_floats_of<TcRole::kDen>(p, K) : 0,
+                       tc_partial_floats_of<TcRole::kGradQ>(p, V), tc_partial_floats_of<TcRole::kGradK>(p, V),
+                       tc_partial_floats_of<TcRole::kGradV>(p, K)});
+}
+inline int64_t feature_elems(const LinearAttnParams& p, int64_t heads) { return p.batch * p.seqlen * heads * p.head_dim_k; }
+inline int64_t feature_bytes(const LinearAttnParams& p, bool backward) {
+  if (p.feature_map == FeatureMap::kIdentity || !tensor_core_sweep(p, backward)) return 0;
+  const int64_t elem = 2;  // bf16/fp16: the tensor-core dtypes
+  return round256(feature_elems(p, p.num_heads) * elem) + round256(feature_elems(p, p.num_kv_heads) * elem);
 }
 inline int64_t workspace_bytes_for(const LinearAttnParams& p, bool backward) {
-  const int64_t K = p.head_dim_k, V = p.head_dim_v;
-  int64_t partial = 0;
-  if (!backward && tensor_core_forward(p, false)) partial = tc_partial_floats_of<TcRole::kForward>(p, K);
-  if (backward && tensor_core_backward(p, false)) {
-    partial = std::max({p.normalize ? tc_partial_floats_of<TcRole::kDen>(p, K) : 0,
-                        tc_partial_floats_of<TcRole::kGradQ>(p, V), tc_partial_floats_of<TcRole::kGradK>(p, V),
-                        tc_partial_floats_of<TcRole::kGradV>(p, K)});
-  }
-  return token_scalar_bytes(p, backward) + partial * 4;
+  return token_scalar_bytes(p, backward) + round256(partial_bytes(p, backward)) + feature_bytes(p, backward);
 }
 inline float* partial_ptr(const LinearAttnParams& p, bool backward) {
   return reinterpret_cast<float*>(static_cast<char*>(p.workspace) + token_scalar_bytes(p, backward));
+}
+
+// phi(q) and phi(k) into the workspace (TcFeatures); none without a feature map or a workspace.
+template <class T>
+Status compute_features(const LinearAttnParams& p, bool backward, TcFeatures& feat) {
+  feat = TcFeatures{};
+  if (p.workspace == nullptr || feature_bytes(p, backward) == 0) return Status::kSuccess;
+  char* base = static_cast<char*>(p.workspace) + token_scalar_bytes(p, backward) + round256(partial_bytes(p, backward));
+  const int64_t K = p.head_dim_k, T_ = p.seqlen;
+  T* fq = reinterpret_cast<T*>(base);
+  T* fk = reinterpret_cast<T*>(base + round256(feature_elems(p, p.num_heads) * int64_t(sizeof(T))));
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const int threads = 256;
+  const int64_t blocks_cap = int64_t(sm_count()) * 8;
+  for (int which = 0; which < 2; ++which) {
+    const int64_t H = which == 0 ? p.num_heads : p.num_kv_heads;
+    const int64_t pieces = feature_elems(p, H) / 8;
+    if (pieces == 0) continue;
+    const unsigned blocks = static_cast<unsigned>(std::min(blocks_cap, (pieces + threads - 1) / threads));
+    feature_map_kernel<T><<<blocks, threads, 0, stream>>>(which == 0 ? p.q : p.k, p.batch, T_, H, K, p.feature_map,
+                                                          which == 0 ? fq : fk);
+    const Status s = check_launch("chunk_linear_attn feature map");
+    if (s != Status::kSuccess) return s;
+  }
+  feat.q = ConstView{fq, T_ * p.num_heads * K, p.num_heads * K, K};
+  feat.k = ConstView{fk, T_ * p.num_kv_heads * K, p.num_kv_heads * K, K};
+  return Status::kSuccess;
 }
 
 template <class T>
 Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
   float* partial = partial_ptr(p, true);
-  Status s = Status::kSuccess;
-  if (p.normalize) s = launch_tc<T, TcRole::kDen>(p, K, partial, "chunk_linear_attn backward (denominators)");
-  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradQ>(p, V, partial, "chunk_linear_attn backward (dq)");
-  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradK>(p, V, partial, "chunk_linear_attn backward (dk)");
-  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradV>(p, K, partial, "chunk_linear_attn backward (dv)");
+  TcFeatures feat;
+  Status s = compute_features<T>(p, true, feat);
+  if (s == Status::kSuccess && p.normalize)
+    s = launch_tc<T, TcRole::kDen>(p, K, partial, feat, "chunk_linear_attn backward (denominators)");
+  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq)");
+  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradK>(p, V, partial, feat, "chunk_linear_attn backward (dk)");
+  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradV>(p, K, partial, feat, "chunk_linear_attn backward (dv)");
   return s;
 }
 
@@ -178,9 +219,13 @@ Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
   const int64_t N = num_states(p), K = p.head_dim_k, V = p.head_dim_v;
   if (N == 0) return Status::kSuccess;
   if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
-    if (tensor_core_forward(p, recurrent))
-      return launch_tc<T, TcRole::kForward>(p, K, p.workspace == nullptr ? nullptr : partial_ptr(p, false),
+    if (tensor_core_forward(p, recurrent)) {
+      TcFeatures feat;
+      const Status s = compute_features<T>(p, false, feat);
+      if (s != Status::kSuccess) return s;
+      return launch_tc<T, TcRole::kForward>(p, K, p.workspace == nullptr ? nullptr : partial_ptr(p, false), feat,
                                             "chunk_linear_attn forward (tensor cores)");
+    }
   }
   const int BV = static_cast<int>(V < 64 ? V : 64);
   const int64_t limit = max_dynamic_smem();

@@ -362,6 +362,67 @@ def _phi(x, feature_map):
     return x
 
 
+def _bmm_fp32(a, b):
+    """a @ b of bf16/fp16 batches on CUDA with fp32 output (tensor cores, fp32 accumulation)."""
+    return torch.bmm(a, b, out_dtype=torch.float32)
+
+
+def _split_bf16(x, dtype):
+    """x (fp32) as hi + lo in `dtype`: the pair carries x to ~2^-16 relative, so products with it
+    keep the fp32 state's precision."""
+    hi = x.to(dtype)
+    return hi, (x - hi.float()).to(dtype)
+
+
+class _HalfSegmentState(torch.autograd.Function):
+    """(S_loc, z_loc) = (sum_t k'_t^T v_t, sum_t k'_t) of a bf16/fp16 segment on CUDA in fp32,
+    read once through tensor cores instead of through fp32 copies of k' and v (on the H200, B1
+    T131072 H16 D128, the fp32 einsum path cost more than the segment's attention itself).
+    kf: [B, T, Hkv, K] (k' = phi(k)), v: [B, T, Hkv, V]."""
+
+    @staticmethod
+    def forward(ctx, kf, v, with_z):
+        B, T, Hkv, K = kf.shape
+        V = v.shape[3]
+        kt = kf.permute(0, 2, 3, 1).reshape(B * Hkv, K, T)
+        vt = v.permute(0, 2, 1, 3).reshape(B * Hkv, T, V)
+        S = _bmm_fp32(kt, vt).view(B, Hkv, K, V)
+        z = kf.sum(1, dtype=torch.float32) if with_z else S.new_zeros(())
+        ctx.save_for_backward(kf, v)
+        return S, z
+
+    @staticmethod
+    def backward(ctx, dS, dz):
+        kf, v = ctx.saved_tensors
+        B, T, Hkv, K = kf.shape
+        V = v.shape[3]
+        dkf = dv = None
+        dS = torch.zeros(B, Hkv, K, V, device=kf.device) if dS is None else dS.float()
+        hi, lo = _split_bf16(dS.reshape(B * Hkv, K, V), kf.dtype)
+        if ctx.needs_input_grad[0]:  # dk'_t = dS v_t + dz
+            vt = v.permute(0, 2, 1, 3).reshape(B * Hkv, T, V)
+            g = _bmm_fp32(vt, hi.transpose(1, 2)) + _bmm_fp32(vt, lo.transpose(1, 2))  # [BH, T, K]
+            g = g.view(B, Hkv, T, K).permute(0, 2, 1, 3)
+            if dz is not None and dz.dim() == 3:
+                g = g + dz.float().unsqueeze(1)
+            dkf = g.to(kf.dtype)
+        if ctx.needs_input_grad[1]:  # dv_t = dS^T k'_t
+            kt = kf.permute(0, 2, 1, 3).reshape(B * Hkv, T, K)
+            g = _bmm_fp32(kt, hi) + _bmm_fp32(kt, lo)  # [BH, T, V]
+            dv = g.view(B, Hkv, T, V).permute(0, 2, 1, 3).to(v.dtype)
+        return dkf, dv, None
+
+
+def _segment_state(k, v, fm, normalize):
+    """The segment's own state (S_loc, z_loc or None) in the state dtype."""
+    if k.is_cuda and k.dtype in (torch.bfloat16, torch.float16):
+        S, z = _HalfSegmentState.apply(_phi(k, fm), v, normalize)
+        return S, (z if normalize else None)
+    sdt = _state_dtype(k.dtype)
+    kf = _phi(k.to(sdt), fm)
+    return torch.einsum("btjk,btjv->bjkv", kf, v.to(sdt)), (kf.sum(1) if normalize else None)
+
+
 def context_parallel_linear_attn(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -436,11 +497,10 @@ def context_parallel_linear_attn(
     G = H // Hkv
 
     # 1. The segment's own state (S_loc, z_loc): one [K, T] x [T, V] product per kv head, in the state dtype.
-    kf = _phi(k.to(sdt), fm)
-    S_loc = torch.einsum("btjk,btjv->bjkv", kf, v.to(sdt))
+    S_loc, z_loc = _segment_state(k, v, fm, normalize)
     parts = [S_loc.reshape(-1)]
     if normalize:
-        parts.append(kf.sum(1).reshape(-1))
+        parts.append(z_loc.reshape(-1))
     c = torch.cat(parts)
     init = None
     if S_init is not None:
@@ -474,7 +534,7 @@ def context_parallel_linear_attn(
         qf = (_phi(q.to(sdt), fm) * sc).view(B, T, Hkv, G, K)
         num = n_loc.to(sdt).view(B, T, Hkv, G, V) + torch.einsum("btjgk,bjkv->btjgv", qf, S_in)
         if normalize:
-            zc = kf.cumsum(1) + z_in.unsqueeze(1)  # [B, T, Hkv, K]: z_t of the whole sequence
+            zc = _phi(k.to(sdt), fm).cumsum(1) + z_in.unsqueeze(1)  # [B, T, Hkv, K]: z_t of the whole sequence
             den = torch.einsum("btjgk,btjk->btjg", qf, zc) + eps
             num = num / den.unsqueeze(-1)
         o = num.reshape(B, T, H, V).to(q.dtype)

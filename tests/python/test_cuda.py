@@ -28,6 +28,8 @@ TENSOR_CORE_CASES = [
     Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
     Case(1, 4100, 4, 64, bf16, Hkv=1, initial_state=True, final_state=True),
     Case(1, 3000, 1, 64, fp16, V=128, feature_map="relu"),
+    # phi(q), phi(k) precomputed into the workspace: varlen rows and GQA heads
+    Case(1, 333, 4, 128, bf16, Hkv=2, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
 ]
 
 
