@@ -131,6 +131,11 @@ def run(args, T_total, rank, world, device):
                                 output_final_state=args.final_state, scheme=scheme)
             configs.append((f"{scheme}/{combine}" + (" +validate" if validate else ""), scheme, combine, call,
                             nb["forward"] + nb["backward"]))
+    if args.configs:
+        unknown = set(args.configs) - {cfg[0] for cfg in configs}
+        if unknown:
+            raise SystemExit(f"--configs: unknown {sorted(unknown)}; choose from {[cfg[0] for cfg in configs]}")
+        configs = [cfg for cfg in configs if cfg[0] in args.configs]
     fns = [forward(cfg[3]) if cfg[3] else (lambda: gather(buf, c)) for cfg in configs]
     fwd = _time_all(fns, device, args.warmup, args.reps)
     fns = [fwd_bwd(cfg[3]) for cfg in configs if cfg[3]]
@@ -207,6 +212,8 @@ def main():
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (CPU)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--configs", nargs="+", default=None,
+                   help='only these rows, by name (e.g. "local (no exchange)" "allgather/initial_state")')
     p.add_argument("--out", default=None, help="JSON file (written by rank 0)")
     args = p.parse_args()
 
