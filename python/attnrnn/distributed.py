@@ -362,61 +362,69 @@ def _phi(x, feature_map):
     return x
 
 
-def _bmm_fp32(a, b):
-    """a @ b of bf16/fp16 batches on CUDA with fp32 output (tensor cores, fp32 accumulation)."""
-    return torch.bmm(a, b, out_dtype=torch.float32)
-
-
-def _split_bf16(x, dtype):
+def _split_half(x, dtype):
     """x (fp32) as hi + lo in `dtype`: the pair carries x to ~2^-16 relative, so products with it
     keep the fp32 state's precision."""
     hi = x.to(dtype)
     return hi, (x - hi.float()).to(dtype)
 
 
+def _dphi(k, fm):
+    """phi'(k) in k's dtype, or None for the identity."""
+    if fm == "elu1":
+        return torch.where(k > 0, torch.ones((), dtype=k.dtype, device=k.device), torch.exp(k))
+    if fm == "relu":
+        return (k > 0).to(k.dtype)
+    return None
+
+
 class _HalfSegmentState(torch.autograd.Function):
-    """(S_loc, z_loc) = (sum_t k'_t^T v_t, sum_t k'_t) of a bf16/fp16 segment on CUDA in fp32,
-    read once through tensor cores instead of through fp32 copies of k' and v (on the H200, B1
-    T131072 H16 D128, the fp32 einsum path cost more than the segment's attention itself).
-    kf: [B, T, Hkv, K] (k' = phi(k)), v: [B, T, Hkv, V]."""
+    """(S_loc, z_loc) = (sum_t k'_t^T v_t, sum_t k'_t), k' = phi(k), of a bf16/fp16 segment on
+    CUDA: fp32 state out of tensor-core products (fp32 accumulation), k' recomputed in the
+    backward instead of kept. On the H200 (B1 T131072 H16 D128) the fp32 einsum over fp32 copies
+    of k' and v cost more than the segment's attention itself.
+    Backward: dk = phi'(k) (v dS^T + dz), dv = k' dS, with dS as bf16 hi + lo (two products summed
+    by cuBLAS in fp32, one rounding), in the input dtype: no fp32 [T, K] temporaries."""
 
     @staticmethod
-    def forward(ctx, kf, v, with_z):
-        B, T, Hkv, K = kf.shape
+    def forward(ctx, k, v, fm, with_z):
+        B, T, Hkv, K = k.shape
         V = v.shape[3]
-        kt = kf.permute(0, 2, 3, 1).reshape(B * Hkv, K, T)
-        vt = v.permute(0, 2, 1, 3).reshape(B * Hkv, T, V)
-        S = _bmm_fp32(kt, vt).view(B, Hkv, K, V)
+        kf = _phi(k, fm)
+        S = torch.bmm(kf.permute(0, 2, 3, 1).reshape(B * Hkv, K, T), v.permute(0, 2, 1, 3).reshape(B * Hkv, T, V),
+                      out_dtype=torch.float32).view(B, Hkv, K, V)
         z = kf.sum(1, dtype=torch.float32) if with_z else S.new_zeros(())
-        ctx.save_for_backward(kf, v)
+        ctx.fm = fm
+        ctx.save_for_backward(k, v)
         return S, z
 
     @staticmethod
     def backward(ctx, dS, dz):
-        kf, v = ctx.saved_tensors
-        B, T, Hkv, K = kf.shape
+        k, v = ctx.saved_tensors
+        B, T, Hkv, K = k.shape
         V = v.shape[3]
-        dkf = dv = None
-        dS = torch.zeros(B, Hkv, K, V, device=kf.device) if dS is None else dS.float()
-        hi, lo = _split_bf16(dS.reshape(B * Hkv, K, V), kf.dtype)
-        if ctx.needs_input_grad[0]:  # dk'_t = dS v_t + dz
+        hi, lo = _split_half(dS.float().reshape(B * Hkv, K, V), k.dtype)
+        dk = dv = None
+        if ctx.needs_input_grad[0]:
             vt = v.permute(0, 2, 1, 3).reshape(B * Hkv, T, V)
-            g = _bmm_fp32(vt, hi.transpose(1, 2)) + _bmm_fp32(vt, lo.transpose(1, 2))  # [BH, T, K]
-            g = g.view(B, Hkv, T, K).permute(0, 2, 1, 3)
+            g = torch.baddbmm(torch.bmm(vt, lo.transpose(1, 2)), vt, hi.transpose(1, 2))  # [BH, T, K]
+            dk = g.view(B, Hkv, T, K).permute(0, 2, 1, 3)
             if dz is not None and dz.dim() == 3:
-                g = g + dz.float().unsqueeze(1)
-            dkf = g.to(kf.dtype)
-        if ctx.needs_input_grad[1]:  # dv_t = dS^T k'_t
-            kt = kf.permute(0, 2, 1, 3).reshape(B * Hkv, T, K)
-            g = _bmm_fp32(kt, hi) + _bmm_fp32(kt, lo)  # [BH, T, V]
-            dv = g.view(B, Hkv, T, V).permute(0, 2, 1, 3).to(v.dtype)
-        return dkf, dv, None
+                dk = dk + dz.to(k.dtype).unsqueeze(1)
+            d = _dphi(k, ctx.fm)
+            if d is not None:
+                dk = dk * d
+        if ctx.needs_input_grad[1]:
+            kt = _phi(k, ctx.fm).permute(0, 2, 1, 3).reshape(B * Hkv, T, K)
+            g = torch.baddbmm(torch.bmm(kt, lo), kt, hi)  # [BH, T, V]
+            dv = g.view(B, Hkv, T, V).permute(0, 2, 1, 3)
+        return dk, dv, None, None
 
 
 def _segment_state(k, v, fm, normalize):
     """The segment's own state (S_loc, z_loc or None) in the state dtype."""
     if k.is_cuda and k.dtype in (torch.bfloat16, torch.float16):
-        S, z = _HalfSegmentState.apply(_phi(k, fm), v, normalize)
+        S, z = _HalfSegmentState.apply(k, v, fm, normalize)
         return S, (z if normalize else None)
     sdt = _state_dtype(k.dtype)
     kf = _phi(k.to(sdt), fm)
