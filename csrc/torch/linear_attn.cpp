@@ -234,12 +234,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_fwd(
                  output_final_state, chunk_size, chunk_linear_attn_fwd, "chunk_linear_attn");
 }
 
+constexpr int64_t kRecurrentChunk = 1;
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
     const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
     std::string_view feature_map, bool normalize, bool output_final_state) {
+  // chunk_size 1 (the recurrent form): the kernels ignore it, and the workspace query then leaves out
+  // what only the chunked tensor-core sweeps use (their split partials and phi(q), phi(k)).
   return forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
-                 output_final_state, 0, recurrent_linear_attn_fwd, "recurrent_linear_attn");
+                 output_final_state, kRecurrentChunk, recurrent_linear_attn_fwd, "recurrent_linear_attn");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd(
@@ -256,7 +260,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrent
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize) {
   return backward(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
-                  feature_map, normalize, 0, recurrent_linear_attn_bwd, "recurrent_linear_attn backward");
+                  feature_map, normalize, kRecurrentChunk, recurrent_linear_attn_bwd, "recurrent_linear_attn backward");
 }
 
 at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& S,
