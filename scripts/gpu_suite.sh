@@ -5,7 +5,8 @@
 # TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python; SANITIZE_TOOLS and
 # SANITIZE_K ("-k" expression) limit "sanitize". "sweep" times the tensor-core scan at the training
 # shapes with the library's segment rule and a forced split. "fla" installs
-# .whl/fla_core-*.whl (copied from shared/wheels) so the benchmarks include fla. "multigpu" runs
+# .whl/fla_core-*.whl (copied from shared/wheels) so the benchmarks include fla ("bench" splits
+# the shapes over two GPUs when there are two). "multigpu" runs
 # the context-parallel tests over NCCL on all GPUs and bench/distributed.py at B=1 H=16 D=128
 # bf16, T = 256k/512k/1M, on all GPUs and on one (CP_MODES="norm unnorm": normalize on/off).
 # SKIP_BUILD=1 reuses an in-place build.
@@ -86,6 +87,19 @@ if want multigpu; then
   done
 fi
 if want bench; then
-  python3 -m bench --device cuda --out "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log" | tail -60
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  if [ "$gpus" -ge 2 ]; then
+    # Two halves of the shapes, each process alone on its own GPU (fla's autotuning halves too),
+    # then one file with ratios and targets recomputed (bench/results/README.md).
+    half_a=B8-T2048-H16-D64,B4-T8192-H16-D128,B64-H32-D128,B256-H32-D128
+    half_b=B1-T65536-H16-D128,B8-T4096-H32-D64
+    CUDA_VISIBLE_DEVICES=0 python3 -m bench --device cuda --shapes $half_a --out "$OUT/h200_a.json" >"$OUT/bench_a.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=1 python3 -m bench --device cuda --shapes $half_b --out "$OUT/h200_b.json" >"$OUT/bench_b.log" 2>&1
+    wait
+    python3 -m bench --merge "$OUT/h200_a.json" "$OUT/h200_b.json" --out "$OUT/h200.json" --png "$OUT/h200.png" 2>&1 |
+      tee "$OUT/bench.log" | tail -60
+  else
+    python3 -m bench --device cuda --out "$OUT/h200.json" --png "$OUT/h200.png" 2>&1 | tee "$OUT/bench.log" | tail -60
+  fi
 fi
 exit $status
