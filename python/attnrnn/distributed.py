@@ -362,6 +362,16 @@ def _phi(x, feature_map):
     return x
 
 
+# The products of _HalfSegmentState, in one place (tests substitute CPU versions of them):
+# fp32 output from bf16/fp16 batches (CUDA only), and c + a @ b in the inputs' dtype.
+def _bmm_fp32(a, b):
+    return torch.bmm(a, b, out_dtype=torch.float32)
+
+
+def _bmm_acc(c, a, b):
+    return torch.baddbmm(c, a, b)
+
+
 def _split_half(x, dtype):
     """x (fp32) as hi + lo in `dtype`: the pair carries x to ~2^-16 relative, so products with it
     keep the fp32 state's precision."""
@@ -391,8 +401,8 @@ class _HalfSegmentState(torch.autograd.Function):
         B, T, Hkv, K = k.shape
         V = v.shape[3]
         kf = _phi(k, fm)
-        S = torch.bmm(kf.permute(0, 2, 3, 1).reshape(B * Hkv, K, T), v.permute(0, 2, 1, 3).reshape(B * Hkv, T, V),
-                      out_dtype=torch.float32).view(B, Hkv, K, V)
+        S = _bmm_fp32(kf.permute(0, 2, 3, 1).reshape(B * Hkv, K, T),
+                      v.permute(0, 2, 1, 3).reshape(B * Hkv, T, V)).view(B, Hkv, K, V)
         z = kf.sum(1, dtype=torch.float32) if with_z else S.new_zeros(())
         ctx.fm = fm
         ctx.save_for_backward(k, v)
@@ -407,7 +417,7 @@ class _HalfSegmentState(torch.autograd.Function):
         dk = dv = None
         if ctx.needs_input_grad[0]:
             vt = v.permute(0, 2, 1, 3).reshape(B * Hkv, T, V)
-            g = torch.baddbmm(torch.bmm(vt, lo.transpose(1, 2)), vt, hi.transpose(1, 2))  # [BH, T, K]
+            g = _bmm_acc(torch.bmm(vt, lo.transpose(1, 2)), vt, hi.transpose(1, 2))  # [BH, T, K]
             dk = g.view(B, Hkv, T, K).permute(0, 2, 1, 3)
             if dz is not None and dz.dim() == 3:
                 dk = dk + dz.to(k.dtype).unsqueeze(1)
@@ -416,7 +426,7 @@ class _HalfSegmentState(torch.autograd.Function):
                 dk = dk * d
         if ctx.needs_input_grad[1]:
             kt = _phi(k, ctx.fm).permute(0, 2, 1, 3).reshape(B * Hkv, T, K)
-            g = torch.baddbmm(torch.bmm(kt, lo), kt, hi)  # [BH, T, V]
+            g = _bmm_acc(torch.bmm(kt, lo), kt, hi)  # [BH, T, V]
             dv = g.view(B, Hkv, T, V).permute(0, 2, 1, 3)
         return dk, dv, None, None
 

@@ -335,3 +335,37 @@ def test_requires_initialized_process_group():
     q = torch.randn(1, 4, 2, 8)
     with pytest.raises(RuntimeError, match="init_process_group"):
         context_parallel_linear_attn(q, q, q)
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "unnorm"])
+@pytest.mark.parametrize("feature_map", ["elu1", "relu", "identity"])
+def test_half_segment_state_matches_float64(monkeypatch, feature_map, normalize):
+    """The bf16 segment state of the NCCL path (tensor-core products with fp32 output, hi/lo state
+    gradient), run on the CPU with its one CUDA-only product emulated in float64: forward and
+    gradients within two bf16 roundings of the float64 formulas."""
+    from attnrnn import distributed as D
+    monkeypatch.setattr(D, "_bmm_fp32", lambda a, b: torch.bmm(a.double(), b.double()).float())
+    g = torch.Generator().manual_seed(5)
+    B, T, Hkv, K, V = 2, 45, 3, 16, 12
+    k = torch.randn(B, T, Hkv, K, generator=g).bfloat16().requires_grad_()
+    v = torch.randn(B, T, Hkv, V, generator=g).bfloat16().requires_grad_()
+    S, z = D._HalfSegmentState.apply(k, v, feature_map, normalize)
+    gS = torch.randn(S.shape, generator=g)
+    loss = (S * gS).sum()
+    if normalize:
+        gz = torch.randn(z.shape, generator=g)
+        loss = loss + (z * gz).sum()
+    loss.backward()
+
+    k64, v64 = (x.detach().double().requires_grad_() for x in (k, v))
+    kf = D._phi(k64, feature_map)
+    S64, z64 = torch.einsum("btjk,btjv->bjkv", kf, v64), kf.sum(1)
+    loss64 = (S64 * gS.double()).sum() + ((z64 * gz.double()).sum() if normalize else 0)
+    loss64.backward()
+    rel = lambda x, ref: ((x.double() - ref).norm() / ref.norm()).item()  # noqa: E731
+    tol = 2 * 2.0 ** -8
+    assert S.dtype == torch.float32 and rel(S, S64) < tol
+    if normalize:
+        assert rel(z, z64) < tol
+    assert rel(k.grad, k64.grad) < tol, "dk"
+    assert rel(v.grad, v64.grad) < tol, "dv"
