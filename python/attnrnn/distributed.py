@@ -48,10 +48,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ._args import resolve_scale as _scale
 from .linear_attn import FEATURE_MAPS, FeatureMapArg, LinearAttnState, StateArg, chunk_linear_attn
+from .reference import apply_feature_map
 
 __all__ = ["context_parallel_linear_attn", "exchange_bytes", "SCHEMES", "COMBINES"]
 
@@ -354,14 +354,6 @@ class _Finish(torch.autograd.Function):
 
 # ---- the op ------------------------------------------------------------------------------------------
 
-def _phi(x, feature_map):
-    if feature_map == "elu1":
-        return F.elu(x) + 1
-    if feature_map == "relu":
-        return F.relu(x)
-    return x
-
-
 # The products of _HalfSegmentState, in one place (tests substitute CPU versions of them):
 # fp32 output from bf16/fp16 batches (CUDA only), and c + a @ b in the inputs' dtype.
 def _bmm_fp32(a, b):
@@ -400,7 +392,7 @@ class _HalfSegmentState(torch.autograd.Function):
     def forward(ctx, k, v, fm, with_z):
         B, T, Hkv, K = k.shape
         V = v.shape[3]
-        kf = _phi(k, fm)
+        kf = apply_feature_map(k, fm)
         S = _bmm_fp32(kf.permute(0, 2, 3, 1).reshape(B * Hkv, K, T),
                       v.permute(0, 2, 1, 3).reshape(B * Hkv, T, V)).view(B, Hkv, K, V)
         z = kf.sum(1, dtype=torch.float32) if with_z else S.new_zeros(())
@@ -425,7 +417,7 @@ class _HalfSegmentState(torch.autograd.Function):
             if d is not None:
                 dk = dk * d
         if ctx.needs_input_grad[1]:
-            kt = _phi(k, ctx.fm).permute(0, 2, 1, 3).reshape(B * Hkv, T, K)
+            kt = apply_feature_map(k, ctx.fm).permute(0, 2, 1, 3).reshape(B * Hkv, T, K)
             g = _bmm_acc(torch.bmm(kt, lo), kt, hi)  # [BH, T, V]
             dv = g.view(B, Hkv, T, V).permute(0, 2, 1, 3)
         return dk, dv, None, None
@@ -437,7 +429,7 @@ def _segment_state(k, v, fm, normalize):
         S, z = _HalfSegmentState.apply(k, v, fm, normalize)
         return S, (z if normalize else None)
     sdt = _state_dtype(k.dtype)
-    kf = _phi(k.to(sdt), fm)
+    kf = apply_feature_map(k.to(sdt), fm)
     return torch.einsum("btjk,btjv->bjkv", kf, v.to(sdt)), (kf.sum(1) if normalize else None)
 
 
@@ -549,10 +541,10 @@ def context_parallel_linear_attn(
         o, _ = chunk_linear_attn(q, k, v, scale=sc, normalize=normalize, feature_map=fm, eps=eps,
                                  initial_state=(S_in, z_in), chunk_size=chunk_size)
     else:
-        qf = (_phi(q.to(sdt), fm) * sc).view(B, T, Hkv, G, K)
+        qf = (apply_feature_map(q.to(sdt), fm) * sc).view(B, T, Hkv, G, K)
         num = n_loc.to(sdt).view(B, T, Hkv, G, V) + torch.einsum("btjgk,bjkv->btjgv", qf, S_in)
         if normalize:
-            zc = _phi(k.to(sdt), fm).cumsum(1) + z_in.unsqueeze(1)  # [B, T, Hkv, K]: z_t of the whole sequence
+            zc = apply_feature_map(k.to(sdt), fm).cumsum(1) + z_in.unsqueeze(1)  # [B, T, Hkv, K]: z_t of the whole sequence
             den = torch.einsum("btjgk,btjk->btjg", qf, zc) + eps
             num = num / den.unsqueeze(-1)
         o = num.reshape(B, T, H, V).to(q.dtype)

@@ -24,10 +24,9 @@ import torch.nn.functional as F
 
 import attnrnn
 from attnrnn.distributed import context_parallel_linear_attn
+from conftest import NCCL_ENV
 
 TIMEOUT_S = 120  # a hung collective fails the test instead of blocking the suite
-# NVLink multicast stays off in every process (the GPU machines' rule; children inherit it).
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 DEVICE = torch.device("cpu")  # a rank's device, set by _worker in each spawned process
 
 LENS = {  # per world size: tokens per rank (concatenated in rank order)
@@ -358,7 +357,7 @@ def test_half_segment_state_matches_float64(monkeypatch, feature_map, normalize)
     loss.backward()
 
     k64, v64 = (x.detach().double().requires_grad_() for x in (k, v))
-    kf = D._phi(k64, feature_map)
+    kf = D.apply_feature_map(k64, feature_map)
     S64, z64 = torch.einsum("btjk,btjv->bjkv", kf, v64), kf.sum(1)
     loss64 = (S64 * gS.double()).sum() + ((z64 * gz.double()).sum() if normalize else 0)
     loss64.backward()
