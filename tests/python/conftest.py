@@ -44,6 +44,9 @@ def load_reference():
 REF = load_reference()
 
 HAS_CUDA = torch.cuda.is_available()
+# NVLink multicast stays off in every process that uses NCCL (the GPU machines' rule: it can take
+# a shared host's GPUs out of service); spawned ranks inherit it.
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 DEVICES = [
     pytest.param("cpu", id="cpu"),
     pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")),

@@ -10,12 +10,11 @@ import torch.distributed as dist
 
 import attnrnn
 from attnrnn.distributed import context_parallel_linear_attn
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, NCCL_ENV
 from numerics import relative_rms
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA or not dist.is_nccl_available(), reason="no CUDA device / NCCL")
 
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 @pytest.fixture(scope="module")
