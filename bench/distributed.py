@@ -95,10 +95,11 @@ def run(args, T_total, rank, world, device):
     leaves = [x.requires_grad_() for x in leaves]
     do = mk(args.B, T, args.H, args.V)
     opts = dict(normalize=not args.unnormalized, feature_map=args.feature_map, chunk_size=args.chunk_size)
-    nbytes = lambda xs: sum(x.numel() * x.element_size() for x in xs)  # noqa: E731
-    # inputs + outputs (+ gradients) of one rank's call: q, k, v, o (+ do, dq, dk, dv)
-    io_fwd = nbytes(leaves) + do.numel() * do.element_size()
-    io_fwd_bwd = 2 * (nbytes(leaves) + do.numel() * do.element_size())
+    # Bytes of one rank's call: a forward reads q, k, v and writes o (do's shape); forward+backward
+    # also reads do and writes dq, dk, dv. "resident" = those of them held before the call.
+    resident_fwd = sum(x.numel() * x.element_size() for x in leaves)
+    io_fwd = resident_fwd_bwd = resident_fwd + do.numel() * do.element_size()
+    io_fwd_bwd = 2 * io_fwd
 
     def forward(call):
         def f():
@@ -140,8 +141,6 @@ def run(args, T_total, rank, world, device):
     fwd = _time_all(fns, device, args.warmup, args.reps)
     fns = [fwd_bwd(cfg[3]) for cfg in configs if cfg[3]]
     fb = iter(_time_all(fns, device, args.warmup, args.reps))
-    resident_fwd = nbytes(leaves)
-    resident_fwd_bwd = resident_fwd + do.numel() * do.element_size()
     rows = []
     for cfg, f in zip(configs, fwd):
         b = next(fb) if cfg[3] else None

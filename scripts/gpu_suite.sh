@@ -17,6 +17,7 @@ export PYTHONUNBUFFERED=1
 # NVLink multicast stays off in every process (it can take a shared host's GPUs out of service).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 want() { [[ " $* " == *" all "* ]] || [[ " $STEPS " == *" $1 "* ]]; }
+gpu_count() { python3 -c "import torch; print(torch.cuda.device_count())"; }
 STEPS=" $* "
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
@@ -72,7 +73,7 @@ if want sanitize; then
   done
 fi
 if want multigpu; then
-  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  gpus=$(gpu_count)
   python3 -m pytest -q -p no:cacheprovider tests/python/test_distributed.py -k nccl -rf >"$OUT/pytest_nccl.log" 2>&1 ||
     status=1
   echo "context-parallel tests over NCCL ($gpus GPUs): $(tail -1 "$OUT/pytest_nccl.log")"
@@ -87,7 +88,7 @@ if want multigpu; then
   done
 fi
 if want bench; then
-  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  gpus=$(gpu_count)
   if [ "$gpus" -ge 2 ]; then
     # Two halves of the shapes, each process alone on its own GPU (fla's autotuning halves too),
     # then one file with ratios and targets recomputed (bench/results/README.md).
