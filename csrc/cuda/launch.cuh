@@ -3,10 +3,11 @@
 //
 // Tensor-core path (chunk_tc.cuh), bf16 and fp16, chunk 64 (the default or asked for), 16-byte
 // aligned rows of q, k, v (and dout):
-//   forward   K in {64, 128}, V % 64 == 0; one block per (sequence, 64 value columns, kv head)
+//   forward   K in {64, 128}, V % 64 == 0; one block per (sequence, output column tile, kv head)
 //   backward  K, V in {64, 128}; den (normalize only), dq, dk, dv sweeps in that order
-//   stages    3 at inner dim 64 (103 KB of shared memory), 2 at 128 (127 KB): enough to keep one
-//             chunk in flight while the current one is computed, one block per SM at 128
+//   tiles     TcLayout (chunk_tc_plan.cuh): 2 stages, 64 output columns and 3 blocks/SM at inner
+//             dim 64, 32 columns and 2 blocks/SM at 128; measured reasons in docs/design.md §5
+//   features  with a feature map, phi(q) and phi(k) first go to the workspace (compute_features)
 //
 // Tile table of the generic path (256 threads per block, CUDA-core FMAs):
 //   forward   BV = min(64, V) value columns per block; chunk C = the largest power of two <= the
