@@ -1,0 +1,61 @@
+"""Times linear_attn_step (bf16 inputs, fp32 state, normalize off) at several batch sizes, two ways:
+one call between CUDA events (what bench/ reports: the op's host overhead included) and the kernel
+alone (20 steps captured in a CUDA graph, replayed). Prints % of the state's read + write floor at
+the measured copy rate. ATTNRNN_STEP_TILES / ATTNRNN_STEP_ROWS (read once per process) force the
+decode step's tiling.
+    python scripts/decode_probe.py --B 1 8 64 256"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, "python")
+import attnrnn  # noqa: E402
+
+
+def event_ms(fn, reps):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t = []
+    for _ in range(reps):
+        s.record(); fn(); e.record(); e.synchronize(); t.append(s.elapsed_time(e))
+    return sorted(t)[len(t) // 2]
+
+
+def copy_rate():
+    x = torch.empty(1 << 28, device="cuda"); y = torch.empty_like(x)
+    return 2 * x.numel() * 4 / (event_ms(lambda: y.copy_(x), 20) * 1e-3)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--B", type=int, nargs="+", default=[1, 8, 64, 256])
+    ap.add_argument("--H", type=int, default=32)
+    ap.add_argument("--D", type=int, default=128)
+    args = ap.parse_args()
+    bw = copy_rate()
+    knobs = {k: os.environ.get(k, "-") for k in ("ATTNRNN_STEP_TILES", "ATTNRNN_STEP_ROWS")}
+    for B in args.B:
+        q, k, v = (torch.randn(B, args.H, args.D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        state = attnrnn.LinearAttnState(torch.randn(B, args.H, args.D, args.D, device="cuda") * 0.01)
+        step = lambda: attnrnn.linear_attn_step(q, k, v, state, normalize=False, scale=1.0)
+        with torch.no_grad():
+            for _ in range(3):
+                step()
+            one = event_ms(step, 50)
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                step()
+                with torch.cuda.graph(graph, stream=stream):
+                    for _ in range(20):
+                        step()
+            torch.cuda.synchronize()
+            kernel = event_ms(graph.replay, 20) / 20
+        floor = 8 * B * args.H * args.D * args.D / bw * 1e3
+        print(f"{knobs} B{B}-H{args.H}-D{args.D}: one call {one * 1e3:7.1f} us ({100 * floor / one:4.1f}% floor)"
+              f"  kernel {kernel * 1e3:7.1f} us ({100 * floor / kernel:4.1f}% floor)  floor {floor * 1e3:6.1f} us")
+
+
+if __name__ == "__main__":
+    main()
