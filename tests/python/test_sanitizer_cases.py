@@ -32,16 +32,22 @@ def test_forward_backward_tour(ar, ref, device, op, case):
         assert relative_rms(ours[name].cpu(), expected[name].cpu()) <= tol, name
 
 
-@pytest.mark.parametrize("V", [64, 30])
-def test_step_tour(ar, ref, device, V):
-    B, P, H, Hkv, K = 3, 5, 4, 2, 32
+# (K, V, normalize): 64 value columns without normalize split over two blocks per state row; K = 96
+# leaves each thread a partial second batch of state rows; V = 30 takes the scalar-column kernel.
+STEP_CASES = [(32, 64, True), (32, 30, True), (96, 64, False), (32, 128, False)]
+
+
+@pytest.mark.parametrize("K,V,normalize", STEP_CASES, ids=lambda c: str(c))
+def test_step_tour(ar, ref, device, K, V, normalize):
+    B, P, H, Hkv = 3, 5, 4, 2
     q = torch.randn(B, H, K, device=device)
     k, v = torch.randn(B, Hkv, K, device=device), torch.randn(B, Hkv, V, device=device)
     S, z = torch.randn(P, Hkv, K, V, device=device), torch.rand(P, Hkv, K, device=device) + 1
     idx = torch.tensor([4, -1, 0], device=device, dtype=torch.int32)
     S_ref, z_ref = S.clone(), z.clone()
-    o = ar.linear_attn_step(q, k, v, (S, z), state_indices=idx, feature_map="elu1")
-    o_ref = ref.linear_attn_step(q, k, v, (S_ref, z_ref), state_indices=idx, feature_map="elu1")
+    state, state_ref = ((S, z), (S_ref, z_ref)) if normalize else ((S, None), (S_ref, None))
+    o = ar.linear_attn_step(q, k, v, state, state_indices=idx, feature_map="elu1", normalize=normalize)
+    o_ref = ref.linear_attn_step(q, k, v, state_ref, state_indices=idx, feature_map="elu1", normalize=normalize)
     assert relative_rms(o, o_ref) <= 1e-5 and relative_rms(S, S_ref) <= 1e-6
 
 
