@@ -146,8 +146,11 @@ def plot_files(paths, png):
                frameon=False)
     device = env.get("gpu") or env.get("cpu") or "?"
     fla = f"fla {env['fla']}" if env.get("fla") else "no fla"
-    fig.suptitle(f"attnrnn vs baselines — {device}, {dtype}, torch {env.get('torch', '?')}, {fla}\n"
-                 f"{env.get('command', '')}", fontsize=9)
+    runs = env.get("merged_from")
+    command = (f"{len(runs)} runs split by --shapes, merged (their commands: env.merged_from in the JSON)" if runs
+               else env.get("command", ""))
+    fig.suptitle(f"attnrnn vs baselines — {device}, {dtype}, torch {env.get('torch', '?')}, {fla}\n{command}",
+                 fontsize=9)
     fig.tight_layout(rect=(0, 0.04, 1, 0.95))
     Path(png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=130)

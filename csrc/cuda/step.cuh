@@ -17,7 +17,8 @@ constexpr int kStepThreads = 256;
 // State rows per thread and batch (two batches in flight). With one row in flight per thread (load,
 // update, store, next) the step ran at 53-71% of the copy rate: 256 x 16 bytes in flight per block
 // cannot cover DRAM latency. Kernel alone at B64 / B256, H32, D128: 75 / 286 us with 4 rows
-// (80 registers, 3 blocks per SM), 76 / 288 us with 8 (128 registers, 2 blocks per SM).
+// (80 registers, 3 blocks per SM), 76 / 288 us with 8 (128 registers, 2 blocks per SM), 82 / 319 us
+// with 4 rows forced to 4 blocks per SM (64 registers). bench/results/decode_probe_h200.txt.
 constexpr int kStepBatchRows = 4;
 
 // Shared memory of one block, in accumulator elements.
