@@ -116,21 +116,7 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dq_generic_kernel(const Softm
     __syncwarp();
 
     // dQ += dS K, block by block.
-#pragma unroll
-    for (int jj = 0; jj < kGenCols; ++jj) {
-      const int col = lane + 32 * jj;
-      if (col >= D) continue;
-      A part[RQ];
-#pragma unroll
-      for (int i = 0; i < RQ; ++i) part[i] = A(0);
-      for (int k = 0; k < nk; ++k) {
-        const A kv = Ks[k * (D + 1) + col];
-#pragma unroll
-        for (int i = 0; i < RQ; ++i) part[i] += dSs[(warp + kGenWarps * i) * kGenBk + k] * kv;
-      }
-#pragma unroll
-      for (int i = 0; i < RQ; ++i) dq[i][jj] += part[i];
-    }
+    accumulate_block(dq, dSs + warp * kGenBk, Ks, D + 1, D, nk, lane);
   }
 
 #pragma unroll

@@ -238,22 +238,8 @@ __global__ void __launch_bounds__(kGenThreads) fwd_generic_kernel(const SoftmaxA
     }
     __syncwarp();
 
-    // Values: the block's P V first, then one addition per block (short summation chains).
-#pragma unroll
-    for (int jj = 0; jj < kGenCols; ++jj) {
-      const int col = lane + 32 * jj;
-      if (col >= Dv) continue;
-      A part[RQ];
-#pragma unroll
-      for (int i = 0; i < RQ; ++i) part[i] = A(0);
-      for (int k = 0; k < nk; ++k) {
-        const A vv = Vs[k * Dv + col];
-#pragma unroll
-        for (int i = 0; i < RQ; ++i) part[i] += Ps[(warp + kGenWarps * i) * kGenBk + k] * vv;
-      }
-#pragma unroll
-      for (int i = 0; i < RQ; ++i) o[i][jj] += part[i];
-    }
+    // Values: o += P V of the block.
+    accumulate_block(o, Ps + warp * kGenBk, Vs, Dv, Dv, nk, lane);
   }
 
   // Finish: o = O / l, lse = m + log l.

@@ -24,6 +24,30 @@ __device__ __forceinline__ void row_dots(A (&out)[R], const A* x, const A* y, in
   }
 }
 
+// acc[i][jj] += sum over k < n of w[8 i kGenBk + k] m[k ld + col] for the lane's columns
+// col = lane + 32 jj < width: the warp's rows of a [rows][kGenBk] weight block (w: the warp's first
+// row) times an [n][ld] value block, i.e. P V or dS K of one block. The block's products are summed
+// first and added to acc once (short summation chains).
+template <int R, class A>
+__device__ __forceinline__ void accumulate_block(A (&acc)[R][kGenCols], const A* w, const A* m, int ld, int width,
+                                                 int n, int lane) {
+#pragma unroll
+  for (int jj = 0; jj < kGenCols; ++jj) {
+    const int col = lane + 32 * jj;
+    if (col >= width) continue;
+    A part[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) part[i] = A(0);
+    for (int k = 0; k < n; ++k) {
+      const A mk = m[k * ld + col];
+#pragma unroll
+      for (int i = 0; i < R; ++i) part[i] += w[kGenWarps * i * kGenBk + k] * mk;
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i][jj] += part[i];
+  }
+}
+
 // out[col] = acc[jj] f for the lane's columns col = lane + 32 jj < n of one output row.
 template <class T, class A>
 __device__ __forceinline__ void store_row(T* out, const A (&acc)[kGenCols], A f, int n, int lane) {
