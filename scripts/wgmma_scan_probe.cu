@@ -5,10 +5,10 @@
 //   P = mask(Q K^T)            wgmma, Q and K tiles from shared memory
 //   O = Q S_hi + Q S_lo + P V  S as two bf16 tiles written by the block, P from registers
 //   S += K^T V                 fp32 accumulators in registers
-// q/k/v tiles arrive with cp.async (two stages) in the 128-byte-swizzled layout the descriptors
-// expect. It checks the output against a float64 recurrence on the host and times the kernel.
+// q/k/v tiles arrive with cp.async (NS stages: NS - 1 chunks in flight) in the 128-byte-swizzled
+// layout the descriptors expect. It checks the output against a float64 recurrence on the host and times the kernel.
 //   nvcc -std=c++17 -gencode arch=compute_90a,code=sm_90a -O3 -o /tmp/scan scripts/wgmma_scan_probe.cu
-//   /tmp/scan B T H     (default 8 2048 16)
+//   /tmp/scan B T H NS     (default 8 2048 16 2; NS in 2..4)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,7 +19,7 @@
 
 #include "wgmma_probe_ops.cuh"
 
-constexpr int kC = 64, kD = 64, kStages = 2;
+constexpr int kC = 64, kD = 64;
 constexpr int kTile = kC * 128;  // bytes of one 64 x 64 bf16 tile
 
 struct ScanArgs {
@@ -34,24 +34,24 @@ __device__ inline void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
 
+template <int NS>
 __global__ void __launch_bounds__(128) scan_kernel(const ScanArgs a) {
-  // stage s: Q, K, V tiles at s * 3 * kTile; then S_hi, S_lo   (kStages * 3 + 2) * 8 KiB = 64 KiB
+  // stage s: Q, K, V tiles at s * 3 * kTile; then S_hi, S_lo   (NS * 3 + 2) * 8 KiB
   extern __shared__ __align__(1024) unsigned char smem[];
-  unsigned char* Sh = smem + kStages * 3 * kTile;
+  unsigned char* Sh = smem + NS * 3 * kTile;
   unsigned char* Sl = Sh + kTile;
   const int t = threadIdx.x, b = blockIdx.x / a.H, h = blockIdx.x % a.H;
   const int64_t row_stride = int64_t(a.H) * kD;  // elements between consecutive tokens
   const int64_t base = (int64_t(b) * a.T * a.H + h) * kD;
 
   auto issue = [&](int chunk) {
-    unsigned char* st = smem + (chunk % kStages) * 3 * kTile;
+    unsigned char* st = smem + (chunk % NS) * 3 * kTile;
     const __nv_bfloat16* src[3] = {a.q, a.k, a.v};
     for (int e = t; e < 3 * kC * 8; e += 128) {  // 16-byte pieces: tile, row, piece
       const int tile = e / (kC * 8), r = (e / 8) % kC, piece = e % 8;
       const __nv_bfloat16* g = src[tile] + base + (int64_t(chunk) * kC + r) * row_stride + piece * 8;
       cp_async16(st + tile * kTile + swizzled(r, piece * 8), g);
     }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
 
   float S[32], O[32], P[32];
@@ -69,17 +69,17 @@ __global__ void __launch_bounds__(128) scan_kernel(const ScanArgs a) {
   publish_state();
 
   const int chunks = a.T / kC;
-  issue(0);
+  for (int c = 0; c < NS - 1; ++c) {
+    if (c < chunks) issue(c);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
   for (int c = 0; c < chunks; ++c) {
-    if (c + 1 < chunks) {
-      issue(c + 1);
-      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    } else {
-      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    }
+    if (c + NS - 1 < chunks) issue(c + NS - 1);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 1) : "memory");
     fence_async_shared();  // cp.async and st.shared writes, then wgmma reads
     __syncthreads();
-    const unsigned char* Q = smem + (c % kStages) * 3 * kTile;
+    const unsigned char* Q = smem + (c % NS) * 3 * kTile;
     const unsigned char* K = Q + kTile;
     const unsigned char* V = K + kTile;
 
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(128) scan_kernel(const ScanArgs a) {
 
 int main(int argc, char** argv) {
   const int B = argc > 1 ? std::atoi(argv[1]) : 8, T = argc > 2 ? std::atoi(argv[2]) : 2048,
-            H = argc > 3 ? std::atoi(argv[3]) : 16;
+            H = argc > 3 ? std::atoi(argv[3]) : 16, NS = argc > 4 ? std::atoi(argv[4]) : 2;
   if (T % kC != 0) {
     std::printf("T must be a multiple of %d\n", kC);
     return 2;
@@ -139,9 +139,16 @@ int main(int argc, char** argv) {
   cudaMemcpy(v, hv.data(), n * 2, cudaMemcpyHostToDevice);
   cudaMemset(o, 0xff, n * 2);
   const ScanArgs args{q, k, v, o, T, H, 0.125f};
-  const int smem = (kStages * 3 + 2) * kTile;
-  cudaFuncSetAttribute(scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  scan_kernel<<<B * H, 128, smem>>>(args);
+  const int smem = (NS * 3 + 2) * kTile;
+  auto launch = [&] {
+    if (NS == 3) return scan_kernel<3><<<B * H, 128, smem>>>(args);
+    if (NS == 4) return scan_kernel<4><<<B * H, 128, smem>>>(args);
+    scan_kernel<2><<<B * H, 128, smem>>>(args);
+  };
+  cudaFuncSetAttribute(scan_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaFuncSetAttribute(scan_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaFuncSetAttribute(scan_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  launch();
   cudaError_t err = cudaDeviceSynchronize();
   if (err != cudaSuccess) {
     std::printf("kernel failed: %s\n", cudaGetErrorString(err));
@@ -176,13 +183,13 @@ int main(int argc, char** argv) {
   std::vector<float> ms(20);
   for (float& m : ms) {
     cudaEventRecord(e0);
-    scan_kernel<<<B * H, 128, smem>>>(args);
+    launch();
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     cudaEventElapsedTime(&m, e0, e1);
   }
   std::sort(ms.begin(), ms.end());
-  std::printf("B%d-T%d-H%d-D64 bf16: relative RMS error of o vs float64 %.2e (%s), kernel %.1f us (median of 20)\n", B,
-              T, H, rel_rms, rel_rms < 8e-3 ? "ok" : "WRONG", ms[10] * 1e3);
+  std::printf("B%d-T%d-H%d-D64 bf16, %d stages: relative RMS error of o vs float64 %.2e (%s), kernel %.1f us (median of 20)\n",
+              B, T, H, NS, rel_rms, rel_rms < 8e-3 ? "ok" : "WRONG", ms[10] * 1e3);
   return rel_rms < 8e-3 ? 0 : 1;
 }
