@@ -32,12 +32,14 @@ def test_forward_backward_tour(ar, ref, device, op, case):
         assert relative_rms(ours[name].cpu(), expected[name].cpu()) <= tol, name
 
 
-# (K, V, normalize): 64 value columns without normalize split over two blocks per state row; K = 96
-# leaves each thread a partial second batch of state rows; V = 30 takes the scalar-column kernel.
+# (K, V, normalize): without normalize the value columns split over blocks (V = 64: two, V = 128:
+# four); K = 96 leaves each thread a partial second batch of state rows; V = 30 takes the
+# scalar-column kernel.
 STEP_CASES = [(32, 64, True), (32, 30, True), (96, 64, False), (32, 128, False)]
 
 
-@pytest.mark.parametrize("K,V,normalize", STEP_CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("K,V,normalize", STEP_CASES,
+                         ids=[f"K{K}-V{V}-{'norm' if n else 'unnorm'}" for K, V, n in STEP_CASES])
 def test_step_tour(ar, ref, device, K, V, normalize):
     B, P, H, Hkv = 3, 5, 4, 2
     q = torch.randn(B, H, K, device=device)
