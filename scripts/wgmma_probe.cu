@@ -13,7 +13,14 @@
 #include <random>
 #include <vector>
 
-#include "wgmma_probe_ops.cuh"
+#include "../csrc/cuda/wgmma.cuh"
+
+using namespace attnrnn::cuda;
+
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 
 constexpr int kN = 64;                // tile rows and columns
 constexpr int kTileBytes = kN * 128;  // 8 KiB
@@ -24,36 +31,36 @@ __global__ void __launch_bounds__(128) probe_kernel(const __nv_bfloat16* in, flo
   const int t = threadIdx.x;
   for (int e = t; e < 4 * kN * kN; e += 128) {
     const int tile = e / (kN * kN), r = (e / kN) % kN, c = e % kN;
-    *reinterpret_cast<__nv_bfloat16*>(tiles + tile * kTileBytes + swizzled(r, c)) = in[e];
+    *reinterpret_cast<__nv_bfloat16*>(tiles + tile * kTileBytes + wg_swizzled(r, c)) = in[e];
   }
-  fence_async_shared();  // generic-proxy stores, then async-proxy (wgmma) reads
+  wg_fence_shared();  // generic-proxy stores, then async-proxy (wgmma) reads
   __syncthreads();
   const unsigned char *Q = tiles, *K = tiles + kTileBytes, *V = tiles + 2 * kTileBytes, *S = tiles + 3 * kTileBytes;
 
   float p[32], o[32], o2[32], s2[32];
   for (int i = 0; i < 32; ++i) p[i] = o[i] = o2[i] = s2[i] = 0.f;
-  wgmma_fence();
+  wg_fence();
   for (int j = 0; j < 4; ++j)  // P = Q K^T: inner dim = head dims, contiguous in both tiles
-    wgmma_ss<0, 0>(p, descriptor(Q, 32 * j), descriptor(K, 32 * j), j > 0);
+    wg_mma_ss<__nv_bfloat16, 0, 0>(p, wg_descriptor(Q, 32 * j), wg_descriptor(K, 32 * j), j > 0);
   for (int j = 0; j < 4; ++j)  // O2 = Q S: S rows are the inner dim
-    wgmma_ss<0, 1>(o2, descriptor(Q, 32 * j), descriptor(S, 2048 * j), j > 0);
+    wg_mma_ss<__nv_bfloat16, 0, 1>(o2, wg_descriptor(Q, 32 * j), wg_descriptor(S, 2048 * j), j > 0);
   for (int j = 0; j < 4; ++j)  // S2 = K^T V: the inner dim is tokens, the rows of both tiles
-    wgmma_ss<1, 1>(s2, descriptor(K, 2048 * j), descriptor(V, 2048 * j), j > 0);
-  wgmma_commit();
-  wgmma_wait_all();
+    wg_mma_ss<__nv_bfloat16, 1, 1>(s2, wg_descriptor(K, 2048 * j), wg_descriptor(V, 2048 * j), j > 0);
+  wg_commit();
+  wg_wait_all();
 
   // O = P V with P rounded to bf16 in registers: slice j is accumulator registers 8j .. 8j + 7.
   uint32_t a[4][4];
   for (int j = 0; j < 4; ++j)
     for (int q = 0; q < 4; ++q) a[j][q] = pack_bf16(p[8 * j + 2 * q], p[8 * j + 2 * q + 1]);
-  wgmma_fence();
-  for (int j = 0; j < 4; ++j) wgmma_rs<1>(o, a[j], descriptor(V, 2048 * j), j > 0);
-  wgmma_commit();
-  wgmma_wait_all();
+  wg_fence();
+  for (int j = 0; j < 4; ++j) wg_mma_rs<__nv_bfloat16, 1>(o, a[j], wg_descriptor(V, 2048 * j), j > 0);
+  wg_commit();
+  wg_wait_all();
 
   float* results[4] = {p, o, o2, s2};
   for (int m = 0; m < 4; ++m)
-    for (int i = 0; i < 32; ++i) out[m * kN * kN + acc_row(t, i) * kN + acc_col(t, i)] = results[m][i];
+    for (int i = 0; i < 32; ++i) out[m * kN * kN + wg_acc_row(t, i) * kN + wg_acc_col(t, i)] = results[m][i];
 }
 
 int main() {

@@ -17,7 +17,14 @@
 #include <random>
 #include <vector>
 
-#include "wgmma_probe_ops.cuh"
+#include "../csrc/cuda/wgmma.cuh"
+
+using namespace attnrnn::cuda;
+
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 
 constexpr int kC = 64, kD = 64;
 constexpr int kTile = kC * 128;  // bytes of one 64 x 64 bf16 tile
@@ -50,7 +57,7 @@ __global__ void __launch_bounds__(128) scan_kernel(const ScanArgs a) {
     for (int e = t; e < 3 * kC * 8; e += 128) {  // 16-byte pieces: tile, row, piece
       const int tile = e / (kC * 8), r = (e / 8) % kC, piece = e % 8;
       const __nv_bfloat16* g = src[tile] + base + (int64_t(chunk) * kC + r) * row_stride + piece * 8;
-      cp_async16(st + tile * kTile + swizzled(r, piece * 8), g);
+      cp_async16(st + tile * kTile + wg_swizzled(r, piece * 8), g);
     }
   };
 
@@ -58,12 +65,12 @@ __global__ void __launch_bounds__(128) scan_kernel(const ScanArgs a) {
   for (int i = 0; i < 32; ++i) S[i] = 0.f;
   auto publish_state = [&]() {  // S as bf16 hi + lo tiles [dims][cols]
     for (int i = 0; i < 32; i += 2) {
-      const int r = acc_row(t, i), c = acc_col(t, i);
+      const int r = wg_acc_row(t, i), c = wg_acc_col(t, i);
       const __nv_bfloat162 hi = __floats2bfloat162_rn(S[i], S[i + 1]);
       const float2 back = __bfloat1622float2(hi);
       const __nv_bfloat162 lo = __floats2bfloat162_rn(S[i] - back.x, S[i + 1] - back.y);
-      *reinterpret_cast<__nv_bfloat162*>(Sh + swizzled(r, c)) = hi;
-      *reinterpret_cast<__nv_bfloat162*>(Sl + swizzled(r, c)) = lo;
+      *reinterpret_cast<__nv_bfloat162*>(Sh + wg_swizzled(r, c)) = hi;
+      *reinterpret_cast<__nv_bfloat162*>(Sl + wg_swizzled(r, c)) = lo;
     }
   };
   publish_state();
@@ -77,36 +84,36 @@ __global__ void __launch_bounds__(128) scan_kernel(const ScanArgs a) {
     if (c + NS - 1 < chunks) issue(c + NS - 1);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 1) : "memory");
-    fence_async_shared();  // cp.async and st.shared writes, then wgmma reads
+    wg_fence_shared();  // cp.async and st.shared writes, then wgmma reads
     __syncthreads();
     const unsigned char* Q = smem + (c % NS) * 3 * kTile;
     const unsigned char* K = Q + kTile;
     const unsigned char* V = K + kTile;
 
     // ---- P = Q K^T and O = Q S_hi + Q S_lo ----
-    wgmma_fence();
-    for (int j = 0; j < 4; ++j) wgmma_ss<0, 0>(P, descriptor(Q, 32 * j), descriptor(K, 32 * j), j > 0);
-    for (int j = 0; j < 4; ++j) wgmma_ss<0, 1>(O, descriptor(Q, 32 * j), descriptor(Sh, 2048 * j), j > 0);
-    for (int j = 0; j < 4; ++j) wgmma_ss<0, 1>(O, descriptor(Q, 32 * j), descriptor(Sl, 2048 * j), 1);
-    wgmma_commit();
-    wgmma_wait_all();
+    wg_fence();
+    for (int j = 0; j < 4; ++j) wg_mma_ss<__nv_bfloat16, 0, 0>(P, wg_descriptor(Q, 32 * j), wg_descriptor(K, 32 * j), j > 0);
+    for (int j = 0; j < 4; ++j) wg_mma_ss<__nv_bfloat16, 0, 1>(O, wg_descriptor(Q, 32 * j), wg_descriptor(Sh, 2048 * j), j > 0);
+    for (int j = 0; j < 4; ++j) wg_mma_ss<__nv_bfloat16, 0, 1>(O, wg_descriptor(Q, 32 * j), wg_descriptor(Sl, 2048 * j), 1);
+    wg_commit();
+    wg_wait_all();
 
     // ---- mask P (key s <= query t), to bf16 A fragments; O += P V; S += K^T V ----
     uint32_t pa[4][4];
     for (int j = 0; j < 4; ++j)
       for (int q = 0; q < 4; ++q) {
-        const int i = 8 * j + 2 * q, r = acc_row(t, i), col = acc_col(t, i);
+        const int i = 8 * j + 2 * q, r = wg_acc_row(t, i), col = wg_acc_col(t, i);
         pa[j][q] = pack_bf16(col <= r ? P[i] : 0.f, col + 1 <= r ? P[i + 1] : 0.f);
       }
-    wgmma_fence();
-    for (int j = 0; j < 4; ++j) wgmma_rs<1>(O, pa[j], descriptor(V, 2048 * j), 1);
-    for (int j = 0; j < 4; ++j) wgmma_ss<1, 1>(S, descriptor(K, 2048 * j), descriptor(V, 2048 * j), 1);
-    wgmma_commit();
-    wgmma_wait_all();
+    wg_fence();
+    for (int j = 0; j < 4; ++j) wg_mma_rs<__nv_bfloat16, 1>(O, pa[j], wg_descriptor(V, 2048 * j), 1);
+    for (int j = 0; j < 4; ++j) wg_mma_ss<__nv_bfloat16, 1, 1>(S, wg_descriptor(K, 2048 * j), wg_descriptor(V, 2048 * j), 1);
+    wg_commit();
+    wg_wait_all();
 
     // ---- o of this chunk; the state for the next one ----
     for (int i = 0; i < 32; i += 2) {
-      const int r = acc_row(t, i), col = acc_col(t, i);
+      const int r = wg_acc_row(t, i), col = wg_acc_col(t, i);
       *reinterpret_cast<__nv_bfloat162*>(a.o + base + (int64_t(c) * kC + r) * row_stride + col) =
           __floats2bfloat162_rn(a.scale * O[i], a.scale * O[i + 1]);
     }

@@ -26,6 +26,7 @@
 #include "chunk_bwd.cuh"
 #include "chunk_fwd.cuh"
 #include "chunk_tc.cuh"
+#include "chunk_wg.cuh"
 #include "common.cuh"
 #include "step.cuh"
 
@@ -215,6 +216,49 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   return s;
 }
 
+bool wgmma_device();
+
+// The wgmma forward (chunk_wg.cuh) takes the tensor-core forward's K = 64 shapes on sm_90a builds and
+// devices, with phi(q), phi(k) from the workspace when there is a feature map. ATTNRNN_TC_WGMMA=0
+// keeps the mma.sync scan (for measuring one against the other).
+inline bool wgmma_forward(const LinearAttnParams& p, const TcFeatures& feat) {
+#if defined(ATTNRNN_WGMMA)
+  static const bool enabled = [] {
+    const char* env = std::getenv("ATTNRNN_TC_WGMMA");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  return enabled && p.head_dim_k == 64 && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr) &&
+         wgmma_device();
+#else
+  (void)p, (void)feat;
+  return false;
+#endif
+}
+
+template <class T>
+Status launch_wg_fwd(const LinearAttnParams& p, float* partial, const TcFeatures& feat) {
+  const char* what = "chunk_linear_attn forward (wgmma)";
+  Status s = allow_smem(chunk_wg_fwd_kernel<T>, kWgSmemBytes, what);
+  if (s != Status::kSuccess) return s;
+  TcSplit split;
+  split.segments = partial != nullptr ? tc_role_segments<TcRole::kForward, 64>(p) : 1;
+  const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments * tc_tiles<TcRole::kForward, 64>(p)),
+                  static_cast<unsigned>(p.num_kv_heads));
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (split.segments > 1) {
+    const int64_t chunks = (p.seqlen + kTcChunk - 1) / kTcChunk;
+    split.seg_chunks = static_cast<int>((chunks + split.segments - 1) / split.segments);
+    split.partial = partial;
+    split.state_only = true;
+    chunk_wg_fwd_kernel<T><<<grid, kTcThreads, kWgSmemBytes, stream>>>(p, split, feat);
+    s = check_launch(what);
+    if (s != Status::kSuccess) return s;
+    split.state_only = false;
+  }
+  chunk_wg_fwd_kernel<T><<<grid, kTcThreads, kWgSmemBytes, stream>>>(p, split, feat);
+  return check_launch(what);
+}
+
 template <class T>
 Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
   using A = typename AccOf<T>::type;
@@ -225,6 +269,8 @@ Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
       TcFeatures feat;
       const Status s = compute_features<T>(p, false, feat);
       if (s != Status::kSuccess) return s;
+      if (wgmma_forward(p, feat))
+        return launch_wg_fwd<T>(p, p.workspace == nullptr ? nullptr : partial_ptr(p, false), feat);
       return launch_tc<T, TcRole::kForward>(p, K, p.workspace == nullptr ? nullptr : partial_ptr(p, false), feat,
                                             "chunk_linear_attn forward (tensor cores)");
     }

@@ -13,6 +13,13 @@ int max_dynamic_smem() {
   return bytes;
 }
 
+bool wgmma_device() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+  return major == 9;
+}
+
 int sm_count() {
   int device = 0, count = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 1;

@@ -1,0 +1,99 @@
+// Warpgroup MMA building blocks (sm_90a): m64n64k16 products with fp32 accumulators and bf16 or
+// fp16 operands, A from shared memory or registers, B from shared memory, on 64 x 64 tiles of
+// 128-byte rows stored with the 128-byte swizzle on a 1024-byte boundary. One descriptor form
+// serves every operand; K-major vs M/N-major is the transpose flag, and the step per k16 slice is
+// 32 bytes along a row (K-major) or 2048 bytes = 16 rows (M/N-major). Verified on the H200 by
+// scripts/wgmma_probe.cu (docs/design.md, "Plan for the wgmma scan").
+//
+// Accumulator layout (128 threads, register i of thread t): row 16 (t / 32) + (t % 32) / 4 +
+// 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (t % 4) + (i & 1). The register-A operand of k16 slice j
+// is registers 8j .. 8j + 7 of an accumulator, packed in pairs: no shuffles between P = Q K^T and P V.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace attnrnn::cuda {
+
+constexpr int kWgTileBytes = 64 * 128;  // one 64 x 64 tile of 16-bit elements
+
+// Byte offset of element (r, c) of a swizzled tile: the 16-byte chunk index XOR row mod 8.
+__host__ __device__ __forceinline__ int wg_swizzled(int r, int c) {
+  return r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
+}
+
+// Descriptor of the tile at `smem` + byte_offset: start address >> 4, LBO 16 B (unused with this
+// swizzle), SBO 1024 B (eight rows), layout type 1 (128-byte swizzle).
+__device__ __forceinline__ uint64_t wg_descriptor(const void* smem, int byte_offset) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + byte_offset;
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(64) << 32) | (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ int wg_acc_row(int t, int i) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i >> 1) & 1); }
+__device__ __forceinline__ int wg_acc_col(int t, int i) { return 8 * (i >> 2) + 2 * (t % 4) + (i & 1); }
+
+#define ATTNRNN_WG_ACC(d)                                                                                \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),       \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),           \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),         \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),         \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define ATTNRNN_WG_D                                                                                     \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define ATTNRNN_WG_MMA(ty) "wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " "
+
+// d (+)= A B with A and B in shared memory; accumulate == 0 overwrites d.
+template <class T, int TransA, int TransB>
+__device__ __forceinline__ void wg_mma_ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" ATTNRNN_WG_MMA("bf16") ATTNRNN_WG_D
+                 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+                 : ATTNRNN_WG_ACC(d)
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(TransA), "n"(TransB));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" ATTNRNN_WG_MMA("f16") ATTNRNN_WG_D
+                 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+                 : ATTNRNN_WG_ACC(d)
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(TransA), "n"(TransB));
+  }
+}
+
+// d (+)= A B with A in registers (four packed pairs per thread) and B in shared memory.
+template <class T, int TransB>
+__device__ __forceinline__ void wg_mma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" ATTNRNN_WG_MMA("bf16") ATTNRNN_WG_D
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                 : ATTNRNN_WG_ACC(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TransB));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" ATTNRNN_WG_MMA("f16") ATTNRNN_WG_D
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                 : ATTNRNN_WG_ACC(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TransB));
+  }
+}
+
+#undef ATTNRNN_WG_ACC
+#undef ATTNRNN_WG_D
+#undef ATTNRNN_WG_MMA
+
+// Before the first product and whenever registers feeding a product changed.
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// After wg_wait_all: ties the accumulator registers to this point, so the compiler cannot move
+// their reads above the wait (the wait has no register operands of its own).
+__device__ __forceinline__ void wg_hold(float (&d)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Orders this thread's generic-proxy shared-memory writes (st.shared, cp.async) before later
+// wgmma reads of them (the async proxy).
+__device__ __forceinline__ void wg_fence_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+}  // namespace attnrnn::cuda
