@@ -20,6 +20,8 @@ constexpr int kWgStages = 2;
 constexpr int kWgMinBlocks = 3;  // 3 x 65 KiB of shared memory per SM; <= 170 registers
 // stages x {Q, K, V} tiles, S_hi, S_lo (8 KiB each), z [64] floats, and 1 KiB to align the tiles.
 constexpr int64_t kWgSmemBytes = (kWgStages * 3 + 2) * kWgTileBytes + 64 * 4 + 1024;
+// The segment rule (tc_segments) and the workspace's partials count blocks per SM from TcLayout.
+static_assert(kWgMinBlocks == TcLayout<64>::min_blocks, "chunk_wg and TcLayout<64> must agree on blocks per SM");
 
 template <class T>
 __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
@@ -149,6 +151,7 @@ __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
     if (!split.state_only) {
       // ---- P = Q K^T and O = Q S_hi + Q S_lo -------------------------------------------------------
       float P[32];
+      wg_hold(S);
       wg_fence();
 #pragma unroll
       for (int j = 0; j < 4; ++j) wg_mma_ss<T, 0, 0>(P, wg_descriptor(Qt, 32 * j), wg_descriptor(Kt, 32 * j), j > 0);
@@ -179,6 +182,9 @@ __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
 #pragma unroll
         for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O, pa[j], wg_descriptor(Vt, 2048 * j), 1);
       };
+      wg_hold(O);
+      wg_hold(S);
+      wg_hold(pa);
       if (s.last) {
         wg_fence();
         pv();
@@ -210,6 +216,7 @@ __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
       }
     } else if (s.last) {
       // ---- pass 1 of a split: only the state moves ------------------------------------------------
+      wg_hold(S);
       wg_fence();
       update_state(Kt, Vt);
       wg_commit();
@@ -249,6 +256,8 @@ __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
       static_cast<float*>(p.final_S)[state_index(wg_acc_row(tid, i), wg_acc_col(tid, i))] = S[i];
   }
   if (p.final_z != nullptr && tile == 0 && tid < D) static_cast<float*>(p.final_z)[state_row * D + tid] = z[tid];
+#elif defined(__CUDA_ARCH__)
+  __trap();  // launched from an image without sm_90a code: fail loudly rather than leave o unwritten
 #endif
 }
 

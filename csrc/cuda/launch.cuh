@@ -8,6 +8,8 @@
 //   tiles     TcLayout (chunk_tc_plan.cuh): 2 stages, 64 output columns and 3 blocks/SM at inner
 //             dim 64, 32 columns and 2 blocks/SM at 128; measured reasons in docs/design.md §5
 //   features  with a feature map, phi(q) and phi(k) first go to the workspace (compute_features)
+//   wgmma     on sm_90a builds and devices the K = 64 forward runs chunk_wg.cuh instead (one
+//             warpgroup per (sequence, 64 value columns, kv head), same steps, split and partials)
 //
 // Tile table of the generic path (256 threads per block, CUDA-core FMAs):
 //   forward   BV = min(64, V) value columns per block; chunk C = the largest power of two <= the

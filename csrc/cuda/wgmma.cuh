@@ -86,11 +86,18 @@ __device__ __forceinline__ void wg_mma_rs(float (&d)[32], const uint32_t (&a)[4]
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// After wg_wait_all: ties the accumulator registers to this point, so the compiler cannot move
-// their reads above the wait (the wait has no register operands of its own).
+// Ties registers to this point, so the compiler cannot move their reads above a wait or their writes
+// below a fence (neither has register operands of its own): after wg_wait_all for the accumulators,
+// before wg_fence for the registers feeding the next products.
 __device__ __forceinline__ void wg_hold(float (&d)[32]) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void wg_hold(uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(a[j][q])::"memory");
 }
 // Orders this thread's generic-proxy shared-memory writes (st.shared, cp.async) before later
 // wgmma reads of them (the async proxy).
