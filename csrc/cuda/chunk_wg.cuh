@@ -1,13 +1,15 @@
-// Chunkwise causal linear attention forward on warpgroup MMA (wgmma, sm_90a), K = 64, bf16/fp16.
-// One warpgroup (128 threads) per (sequence [x segment], 64 value columns, kv head). A step is one
-// (chunk of 64 tokens, query head) pair, as in chunk_tc_kernel. With Q = phi(q), K = phi(k) and V
-// the block's value columns as swizzled 64 x 64 tiles (wgmma.cuh) and the state S [64 x 64] in fp32
-// registers:
+// Chunkwise causal linear attention forward on warpgroup MMA (wgmma, sm_90a), K = DI in {64, 128},
+// bf16/fp16. One warpgroup (128 threads) per (sequence [x segment], 64 value columns, kv head). A step
+// is one (chunk of 64 tokens, query head) pair, as in chunk_tc_kernel. With Q = phi(q), K = phi(k) as
+// DI / 64 swizzled 64 x 64 tiles each (wgmma.cuh; tile h holds dims [64h, 64h + 64)), V the block's
+// value columns as one tile, and the state S [DI x 64] in fp32 registers (DI / 64 accumulators of
+// 64 rows):
 //   P = mask(Q K^T)               key s <= query t
 //   O = Q S_hi + Q S_lo + P V     S as two 16-bit tiles the block writes after each chunk
 //   o = s O / den                 den = s (Q z + rowsum P) + eps with normalize; den = 1 without
 //   S += K^T V, z += colsum K     after the chunk's last query head
-// The segment split (TcSplit) and its partials are chunk_tc_kernel's, so the workspace is the same.
+// The segment split (TcSplit) works as in chunk_tc_kernel, with this kernel's tiles and partial size
+// (WgLayout); the workspace is sized for whichever forward runs (partial_bytes, wgmma_planned).
 #pragma once
 
 #include "chunk_tc_plan.cuh"
@@ -16,23 +18,30 @@
 
 namespace attnrnn::cuda {
 
-constexpr int kWgStages = 2;
-constexpr int kWgMinBlocks = 3;  // 3 x 65 KiB of shared memory per SM; <= 170 registers
-// stages x {Q, K, V} tiles, S_hi, S_lo (8 KiB each), z [64] floats, and 1 KiB to align the tiles.
-constexpr int64_t kWgSmemBytes = (kWgStages * 3 + 2) * kWgTileBytes + 64 * 4 + 1024;
-// The segment rule (tc_segments) and the workspace's partials count blocks per SM from TcLayout.
-static_assert(kWgMinBlocks == TcLayout<64>::min_blocks, "chunk_wg and TcLayout<64> must agree on blocks per SM");
+template <int DI>
+struct WgLayout {
+  static constexpr int KT = DI / 64;                         // 64-dim tiles of Q, K and S
+  static constexpr int stages = 2;
+  static constexpr int stage = (2 * KT + 1) * kWgTileBytes;  // Q, K tiles and the V tile
+  static constexpr int min_blocks = DI == 64 ? 3 : 2;        // shared memory: 65 / 113 KiB per block
+  // stages, S_hi and S_lo tiles, z [DI] floats, 1 KiB to align the tiles on 1024 bytes
+  static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + DI * 4 + 1024;
+  static constexpr int64_t partial_floats = DI * 64 + DI;    // S [DI][64], then z [DI]
+};
 
-template <class T>
-__global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
+template <class T, int DI>
+__global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
     chunk_wg_fwd_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int C = kTcChunk, D = 64, NS = kWgStages;
+  using L = WgLayout<DI>;
+  constexpr int C = kTcChunk, D = 64, NS = L::stages, KT = L::KT;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  unsigned char* Sh = smem + NS * 3 * kWgTileBytes;
-  unsigned char* Sl = Sh + kWgTileBytes;
-  float* z = reinterpret_cast<float*>(Sl + kWgTileBytes);
+  unsigned char* Sh = smem + NS * L::stage;  // KT tiles [64 dims][64 cols]
+  unsigned char* Sl = Sh + KT * kWgTileBytes;
+  float* z = reinterpret_cast<float*>(Sl + KT * kWgTileBytes);
+  // Byte offset of element (r, d) in a group of 64-dim tiles (Q, K, S_hi, S_lo).
+  auto at = [](int r, int d) { return (d / 64) * kWgTileBytes + wg_swizzled(r, d % 64); };
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, V = p.head_dim_v;
   const int tiles = static_cast<int>(V / D), tile = blockIdx.x % tiles;
@@ -43,41 +52,51 @@ __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
   const Seq seq = sequence(p, n);
   const float scale = static_cast<float>(p.scale), eps = static_cast<float>(p.eps);
   const int64_t state_row = n * Hkv + g;
-  auto state_index = [&](int d, int c) { return (state_row * D + d) * V + c0 + c; };
+  auto state_index = [&](int d, int c) { return (state_row * DI + d) * V + c0 + c; };
   auto partial_at = [&](int j) {
     const int64_t N = gridDim.x / tiles / split.segments;
-    return split.partial + (((int64_t(j) * N + n) * Hkv + g) * tiles + tile) * tc_partial_floats<D>();
+    return split.partial + (((int64_t(j) * N + n) * Hkv + g) * tiles + tile) * L::partial_floats;
+  };
+  // f(x, d, c) for each state element x = S[d][c] of this thread.
+  float S[KT][32];
+  auto for_each_state = [&](auto&& f) {
+#pragma unroll
+    for (int h = 0; h < KT; ++h)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) f(S[h][i], 64 * h + wg_acc_row(tid, i), wg_acc_col(tid, i));
+  };
+  auto hold_state = [&]() {
+#pragma unroll
+    for (int h = 0; h < KT; ++h) wg_hold(S[h]);
   };
   const int earlier = split.state_only ? 0 : seg;  // partials of the segments before this one
 
   // ---- initial state: S in registers, z in shared memory ---------------------------------------
-  float S[32];
   {
     const float* S0 = static_cast<const float*>(p.initial_S);
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int d = wg_acc_row(tid, i), c = wg_acc_col(tid, i);
-      float x = (S0 != nullptr && !split.state_only) ? S0[state_index(d, c)] : 0.f;
+    for_each_state([&](float& x, int d, int c) {
+      x = (S0 != nullptr && !split.state_only) ? S0[state_index(d, c)] : 0.f;
       for (int j = 0; j < earlier; ++j) x += partial_at(j)[d * D + c];
-      S[i] = x;
-    }
+    });
   }
-  if (p.normalize && tid < D) {
+  if (p.normalize && tid < DI) {
     const float* z0 = static_cast<const float*>(p.initial_z);
-    float x = (z0 != nullptr && !split.state_only) ? z0[state_row * D + tid] : 0.f;
-    for (int j = 0; j < earlier; ++j) x += partial_at(j)[D * D + tid];
+    float x = (z0 != nullptr && !split.state_only) ? z0[state_row * DI + tid] : 0.f;
+    for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + tid];
     z[tid] = x;
   }
   // S as 16-bit hi + lo tiles [d][c] for the products Q S.
   auto publish_state = [&]() {
 #pragma unroll
-    for (int i = 0; i < 32; i += 2) {
-      const int off = wg_swizzled(wg_acc_row(tid, i), wg_acc_col(tid, i));
-      const uint32_t hi = pack2<T>(S[i], S[i + 1]);
-      const float2 back = unpack2<T>(hi);
-      *reinterpret_cast<uint32_t*>(Sh + off) = hi;
-      *reinterpret_cast<uint32_t*>(Sl + off) = pack2<T>(S[i] - back.x, S[i + 1] - back.y);
-    }
+    for (int h = 0; h < KT; ++h)
+#pragma unroll
+      for (int i = 0; i < 32; i += 2) {
+        const int off = at(64 * h + wg_acc_row(tid, i), wg_acc_col(tid, i));
+        const uint32_t hi = pack2<T>(S[h][i], S[h][i + 1]);
+        const float2 back = unpack2<T>(hi);
+        *reinterpret_cast<uint32_t*>(Sh + off) = hi;
+        *reinterpret_cast<uint32_t*>(Sl + off) = pack2<T>(S[h][i] - back.x, S[h][i + 1] - back.y);
+      }
   };
   if (!split.state_only) publish_state();
 
@@ -95,31 +114,33 @@ __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
     const int64_t off = int64_t(ci) * C;
     return Step{seq.t0 + off, g * G + hi, static_cast<int>(seq.len - off < C ? seq.len - off : C), hi == G - 1};
   };
-  // Rows past the chunk's end arrive as zeros; thread tid copies 16-byte piece tid % 8 of every 16th row.
-  auto load_tile = [&](unsigned char* dst, const ConstView& view, int64_t head, int col0, const Step& s) {
+  // `width` columns from col0 of the chunk's rows into 64-column tiles; rows past the chunk's end
+  // arrive as zeros. Thread tid copies 16-byte piece tid % 8 of each 64-column tile of every 16th row.
+  auto load_tiles = [&](unsigned char* dst, const ConstView& view, int64_t head, int col0, int width, const Step& s) {
     const int piece = tid % 8;
     const T* fallback = static_cast<const T*>(view.data);
 #pragma unroll
     for (int r = tid / 8; r < C; r += kTcThreads / 8) {
       const bool valid = r < s.cl;
       const T* src = valid ? row<T>(view, seq.b, s.t0 + r, head) + col0 + piece * 8 : fallback;
-      cp_async16(dst + wg_swizzled(r, piece * 8), src, valid);
+      for (int d0 = 0; d0 < width; d0 += 64)
+        cp_async16(dst + at(r, d0 + piece * 8), valid ? src + d0 : src, valid);
     }
   };
-  auto stage = [&](int i) { return smem + (i % NS) * 3 * kWgTileBytes; };
+  auto stage = [&](int i) { return smem + (i % NS) * L::stage; };
   auto issue = [&](int i) {
     const Step s = step_at(i);
     unsigned char* st = stage(i);
-    if (!split.state_only) load_tile(st, tc_view(p, feat, TcSrc::kQ), s.h, 0, s);
-    load_tile(st + kWgTileBytes, tc_view(p, feat, TcSrc::kK), g, 0, s);
-    load_tile(st + 2 * kWgTileBytes, p.v, g, c0, s);
+    if (!split.state_only) load_tiles(st, tc_view(p, feat, TcSrc::kQ), s.h, 0, DI, s);
+    load_tiles(st + KT * kWgTileBytes, tc_view(p, feat, TcSrc::kK), g, 0, DI, s);
+    load_tiles(st + 2 * KT * kWgTileBytes, p.v, g, c0, D, s);
   };
 
   // den_t = s (Q_t . z + rowsum P_t) + eps for one of the thread's rows; its 4 lanes split the sum.
   auto denominator = [&](const unsigned char* Qt, float rowsum, int r) {
     float acc = rowsum;
-    for (int d = t2; d < D; d += 8) {
-      const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(Qt + wg_swizzled(r, d)));
+    for (int d = t2; d < DI; d += 8) {
+      const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(Qt + at(r, d)));
       acc += q2.x * z[d] + q2.y * z[d + 1];
     }
     acc += __shfl_xor_sync(0xffffffffu, acc, 1);
@@ -127,9 +148,12 @@ __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
     return scale * acc + eps;
   };
 
-  auto update_state = [&](const unsigned char* Kt, const unsigned char* Vt) {  // S += K^T V
+  auto update_state = [&](const unsigned char* Kt, const unsigned char* Vt) {  // S += K^T V, per 64 dims
 #pragma unroll
-    for (int j = 0; j < 4; ++j) wg_mma_ss<T, 1, 1>(S, wg_descriptor(Kt, 2048 * j), wg_descriptor(Vt, 2048 * j), 1);
+    for (int h = 0; h < KT; ++h)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        wg_mma_ss<T, 1, 1>(S[h], wg_descriptor(Kt, h * kWgTileBytes + 2048 * j), wg_descriptor(Vt, 2048 * j), 1);
   };
 
   for (int i = 0; i < NS - 1; ++i) {
@@ -145,20 +169,25 @@ __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
 
     const Step s = step_at(i);
     const unsigned char* Qt = stage(i);
-    const unsigned char* Kt = Qt + kWgTileBytes;
-    const unsigned char* Vt = Kt + kWgTileBytes;
+    const unsigned char* Kt = Qt + KT * kWgTileBytes;
+    const unsigned char* Vt = Kt + KT * kWgTileBytes;
     float O[32];
     if (!split.state_only) {
       // ---- P = Q K^T and O = Q S_hi + Q S_lo -------------------------------------------------------
+      // k16 slice j of the inner dim: tile j / 4, 32 bytes (along rows) or 2048 bytes (down rows) per slice.
+      auto along = [](int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); };
+      auto down = [](int j) { return (j / 4) * kWgTileBytes + 2048 * (j % 4); };
       float P[32];
-      wg_hold(S);
+      hold_state();
       wg_fence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wg_mma_ss<T, 0, 0>(P, wg_descriptor(Qt, 32 * j), wg_descriptor(Kt, 32 * j), j > 0);
+      for (int j = 0; j < DI / 16; ++j)
+        wg_mma_ss<T, 0, 0>(P, wg_descriptor(Qt, along(j)), wg_descriptor(Kt, along(j)), j > 0);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(Qt, 32 * j), wg_descriptor(Sh, 2048 * j), j > 0);
+      for (int j = 0; j < DI / 16; ++j)
+        wg_mma_ss<T, 0, 1>(O, wg_descriptor(Qt, along(j)), wg_descriptor(Sh, down(j)), j > 0);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(Qt, 32 * j), wg_descriptor(Sl, 2048 * j), 1);
+      for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(Qt, along(j)), wg_descriptor(Sl, down(j)), 1);
       wg_commit();
       wg_wait_all();
       wg_hold(P);
@@ -183,7 +212,7 @@ __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
         for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O, pa[j], wg_descriptor(Vt, 2048 * j), 1);
       };
       wg_hold(O);
-      wg_hold(S);
+      hold_state();
       wg_hold(pa);
       if (s.last) {
         wg_fence();
@@ -198,7 +227,7 @@ __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
         wg_wait_all();
       }
       wg_hold(O);
-      wg_hold(S);
+      hold_state();
 
       // ---- epilogue: o rows of this chunk ----------------------------------------------------------
       float inv[2] = {scale, scale};
@@ -216,21 +245,21 @@ __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
       }
     } else if (s.last) {
       // ---- pass 1 of a split: only the state moves ------------------------------------------------
-      wg_hold(S);
+      hold_state();
       wg_fence();
       update_state(Kt, Vt);
       wg_commit();
       wg_wait_all();
-      wg_hold(S);
+      hold_state();
     }
 
     __syncthreads();  // every warp is done with this stage, S_hi / S_lo and z
     if (s.last) {
-      if (p.normalize && tid < D) {
+      if (p.normalize && tid < DI) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 8
         for (int t = 0; t < C; ++t) {
-          const T k = *reinterpret_cast<const T*>(Kt + wg_swizzled(t, tid));
+          const T k = *reinterpret_cast<const T*>(Kt + at(t, tid));
           acc[t & 3] += to_acc<float>(k);
         }
         z[tid] += (acc[0] + acc[1]) + (acc[2] + acc[3]);
@@ -244,18 +273,14 @@ __global__ void __launch_bounds__(kTcThreads, kWgMinBlocks)
   // ---- pass 1: this segment's partial; otherwise the final state, from the last segment ---------
   if (split.state_only) {
     float* part = partial_at(seg);
-#pragma unroll
-    for (int i = 0; i < 32; ++i) part[wg_acc_row(tid, i) * D + wg_acc_col(tid, i)] = S[i];
-    if (tid < D) part[D * D + tid] = p.normalize ? z[tid] : 0.f;
+    for_each_state([&](float& x, int d, int c) { part[d * D + c] = x; });
+    if (tid < DI) part[DI * D + tid] = p.normalize ? z[tid] : 0.f;
     return;
   }
   if (seg != split.segments - 1) return;
-  if (p.final_S != nullptr) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i)
-      static_cast<float*>(p.final_S)[state_index(wg_acc_row(tid, i), wg_acc_col(tid, i))] = S[i];
-  }
-  if (p.final_z != nullptr && tile == 0 && tid < D) static_cast<float*>(p.final_z)[state_row * D + tid] = z[tid];
+  if (p.final_S != nullptr)
+    for_each_state([&](float& x, int d, int c) { static_cast<float*>(p.final_S)[state_index(d, c)] = x; });
+  if (p.final_z != nullptr && tile == 0 && tid < DI) static_cast<float*>(p.final_z)[state_row * DI + tid] = z[tid];
 #elif defined(__CUDA_ARCH__)
   __trap();  // launched from an image without sm_90a code: fail loudly rather than leave o unwritten
 #endif

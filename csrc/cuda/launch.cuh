@@ -8,8 +8,8 @@
 //   tiles     TcLayout (chunk_tc_plan.cuh): 2 stages, 64 output columns and 3 blocks/SM at inner
 //             dim 64, 32 columns and 2 blocks/SM at 128; measured reasons in docs/design.md §5
 //   features  with a feature map, phi(q) and phi(k) first go to the workspace (compute_features)
-//   wgmma     on sm_90a builds and devices the K = 64 forward runs chunk_wg.cuh instead (one
-//             warpgroup per (sequence, 64 value columns, kv head), same steps, split and partials)
+//   wgmma     on sm_90a builds and devices the forward runs chunk_wg.cuh instead (one warpgroup per
+//             (sequence, 64 value columns, kv head), the same steps and segment split; WgLayout)
 //
 // Tile table of the generic path (256 threads per block, CUDA-core FMAs):
 //   forward   BV = min(64, V) value columns per block; chunk C = the largest power of two <= the
@@ -146,6 +146,42 @@ Status launch_tc(const LinearAttnParams& p, int64_t inner, float* partial, const
                      : launch_tc_role<T, R, 128>(p, partial, feat, what);
 }
 
+bool wgmma_device();
+
+// The wgmma forward (chunk_wg.cuh) takes the tensor-core forward's K = 64 and K = 128 shapes on sm_90a
+// builds and devices, with phi(q), phi(k) from the workspace when there is a feature map (without a
+// workspace, the mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA=0 keeps the mma.sync scan (for
+// measuring one against the other). wgmma_planned decides the workspace's partials, so it must not
+// depend on anything but p and the device.
+inline bool wgmma_planned(const LinearAttnParams& p) {
+#if defined(ATTNRNN_WGMMA)
+  static const bool enabled = [] {
+    const char* env = std::getenv("ATTNRNN_TC_WGMMA");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  return enabled && (p.head_dim_k == 64 || p.head_dim_k == 128) && wgmma_device();
+#else
+  (void)p;
+  return false;
+#endif
+}
+inline bool wgmma_forward(const LinearAttnParams& p, const TcFeatures& feat) {
+  return wgmma_planned(p) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr);
+}
+
+// Segments and pass-1 partials of the wgmma forward: the segment rule of the tensor-core scan with
+// this kernel's blocks (64 value columns each) and blocks per SM.
+template <int DI>
+int wg_segments(const LinearAttnParams& p) {
+  return tc_segments(p, num_states(p) * p.num_kv_heads * (p.head_dim_v / 64), WgLayout<DI>::min_blocks);
+}
+template <int DI>
+int64_t wg_partial_floats(const LinearAttnParams& p) {
+  const int64_t segments = wg_segments<DI>(p);
+  if (segments <= 1) return 0;
+  return segments * num_states(p) * p.num_kv_heads * (p.head_dim_v / 64) * WgLayout<DI>::partial_floats;
+}
+
 // Workspace of the CUDA ops: [2 floats per (token, query head) for the backward][pass-1 partials]
 // [phi(q), phi(k) when the tensor-core sweeps run with a feature map].
 inline int64_t round256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -159,7 +195,10 @@ inline bool tensor_core_sweep(const LinearAttnParams& p, bool backward) {
 inline int64_t partial_bytes(const LinearAttnParams& p, bool backward) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
   if (!tensor_core_sweep(p, backward)) return 0;
-  if (!backward) return tc_partial_floats_of<TcRole::kForward>(p, K) * 4;
+  if (!backward) {
+    if (wgmma_planned(p)) return (K == 64 ? wg_partial_floats<64>(p) : wg_partial_floats<128>(p)) * 4;
+    return tc_partial_floats_of<TcRole::kForward>(p, K) * 4;
+  }
   return 4 * std::max({p.normalize ? tc_partial_floats_of<TcRole::kDen>(p, K) : 0,
                        tc_partial_floats_of<TcRole::kGradQ>(p, V), tc_partial_floats_of<TcRole::kGradK>(p, V),
                        tc_partial_floats_of<TcRole::kGradV>(p, K)});
@@ -218,33 +257,15 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   return s;
 }
 
-bool wgmma_device();
-
-// The wgmma forward (chunk_wg.cuh) takes the tensor-core forward's K = 64 shapes on sm_90a builds and
-// devices, with phi(q), phi(k) from the workspace when there is a feature map. ATTNRNN_TC_WGMMA=0
-// keeps the mma.sync scan (for measuring one against the other).
-inline bool wgmma_forward(const LinearAttnParams& p, const TcFeatures& feat) {
-#if defined(ATTNRNN_WGMMA)
-  static const bool enabled = [] {
-    const char* env = std::getenv("ATTNRNN_TC_WGMMA");
-    return env == nullptr || std::atoi(env) != 0;
-  }();
-  return enabled && p.head_dim_k == 64 && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr) &&
-         wgmma_device();
-#else
-  (void)p, (void)feat;
-  return false;
-#endif
-}
-
-template <class T>
+template <class T, int DI>
 Status launch_wg_fwd(const LinearAttnParams& p, float* partial, const TcFeatures& feat) {
   const char* what = "chunk_linear_attn forward (wgmma)";
-  Status s = allow_smem(chunk_wg_fwd_kernel<T>, kWgSmemBytes, what);
+  constexpr int64_t bytes = WgLayout<DI>::smem_bytes;
+  Status s = allow_smem(chunk_wg_fwd_kernel<T, DI>, bytes, what);
   if (s != Status::kSuccess) return s;
   TcSplit split;
-  split.segments = partial != nullptr ? tc_role_segments<TcRole::kForward, 64>(p) : 1;
-  const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments * tc_tiles<TcRole::kForward, 64>(p)),
+  split.segments = partial != nullptr ? wg_segments<DI>(p) : 1;
+  const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments * (p.head_dim_v / 64)),
                   static_cast<unsigned>(p.num_kv_heads));
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   if (split.segments > 1) {
@@ -252,12 +273,12 @@ Status launch_wg_fwd(const LinearAttnParams& p, float* partial, const TcFeatures
     split.seg_chunks = static_cast<int>((chunks + split.segments - 1) / split.segments);
     split.partial = partial;
     split.state_only = true;
-    chunk_wg_fwd_kernel<T><<<grid, kTcThreads, kWgSmemBytes, stream>>>(p, split, feat);
+    chunk_wg_fwd_kernel<T, DI><<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
     s = check_launch(what);
     if (s != Status::kSuccess) return s;
     split.state_only = false;
   }
-  chunk_wg_fwd_kernel<T><<<grid, kTcThreads, kWgSmemBytes, stream>>>(p, split, feat);
+  chunk_wg_fwd_kernel<T, DI><<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
   return check_launch(what);
 }
 
@@ -271,8 +292,10 @@ Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
       TcFeatures feat;
       const Status s = compute_features<T>(p, false, feat);
       if (s != Status::kSuccess) return s;
-      if (wgmma_forward(p, feat))
-        return launch_wg_fwd<T>(p, p.workspace == nullptr ? nullptr : partial_ptr(p, false), feat);
+      if (wgmma_forward(p, feat)) {
+        float* partial = p.workspace == nullptr ? nullptr : partial_ptr(p, false);
+        return K == 64 ? launch_wg_fwd<T, 64>(p, partial, feat) : launch_wg_fwd<T, 128>(p, partial, feat);
+      }
       return launch_tc<T, TcRole::kForward>(p, K, p.workspace == nullptr ? nullptr : partial_ptr(p, false), feat,
                                             "chunk_linear_attn forward (tensor cores)");
     }
