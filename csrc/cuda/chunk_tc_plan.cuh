@@ -72,7 +72,7 @@ struct TcSplit {
   int segments = 1;
   int seg_chunks = 1 << 30;  // chunks per segment, in sweep order
   bool state_only = false;
-  float* partial = nullptr;  // [segments][N][Hkv][tiles][DI * 64 + max(DI, 64)]
+  float* partial = nullptr;  // [segments][N][Hkv][tiles][tc_partial_floats] (chunk_wg: WgLayout's)
 };
 
 // Output tiles of a sweep: the den role has none (one block per (sequence, kv head)).

@@ -24,9 +24,13 @@ struct WgLayout {
   static constexpr int stages = 2;
   static constexpr int stage = (2 * KT + 1) * kWgTileBytes;  // Q, K tiles and the V tile
   static constexpr int min_blocks = DI == 64 ? 3 : 2;        // shared memory: 65 / 113 KiB per block
-  // stages, S_hi and S_lo tiles, z [DI] floats, 1 KiB to align the tiles on 1024 bytes
-  static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + DI * 4 + 1024;
+  // stages, S_hi and S_lo tiles, z [DI] floats; the base is 1024-byte aligned (no slack: at DI = 128
+  // one more KiB would leave room for only one block per SM)
+  static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + DI * 4;
   static constexpr int64_t partial_floats = DI * 64 + DI;    // S [DI][64], then z [DI]
+  static_assert(DI == 64 || DI == 128, "K = 64 or 128");
+  // 228 KiB per SM on sm_90, and 1 KiB of each block's is reserved by the system
+  static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
 };
 
 template <class T, int DI>
@@ -35,12 +39,14 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = WgLayout<DI>;
   constexpr int C = kTcChunk, D = 64, NS = L::stages, KT = L::KT;
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  extern __shared__ __align__(1024) unsigned char smem[];
+  if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
   unsigned char* Sh = smem + NS * L::stage;  // KT tiles [64 dims][64 cols]
   unsigned char* Sl = Sh + KT * kWgTileBytes;
   float* z = reinterpret_cast<float*>(Sl + KT * kWgTileBytes);
-  // Byte offset of element (r, d) in a group of 64-dim tiles (Q, K, S_hi, S_lo).
+  // Byte offset of element (r, d) in a group of 64-column tiles (Q and K tiles hold dims d, S_hi and
+  // S_lo tiles value columns; a state row r = 64 h + r' of S tile h is at(64 h + r', c), since
+  // 64 rows are exactly one tile and the swizzle depends on r mod 8 only).
   auto at = [](int r, int d) { return (d / 64) * kWgTileBytes + wg_swizzled(r, d % 64); };
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, V = p.head_dim_v;
