@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU machine's whole job in one call: build attnrnn with CUDA, run the test suite on CUDA,
 # optionally compute-sanitizer and the benchmarks. Logs and JSON go to $OUT (default ./out).
-#   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [bench] [fla] [multigpu]
+#   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [wgmma] [bench] [fla] [multigpu]
 # TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python; SANITIZE_TOOLS and
 # SANITIZE_K ("-k" expression) limit "sanitize". "sweep" times the tensor-core scan at the training
-# shapes with the library's segment rule and a forced split. "fla" installs
+# shapes with the library's segment rule and a forced split; "wgmma" the same with the wgmma forward
+# off and on. "fla" installs
 # .whl/fla_core-*.whl (copied from shared/wheels) so the benchmarks include fla ("bench" splits
 # the shapes over two GPUs when there are two). "multigpu" runs
 # the context-parallel tests over NCCL on all GPUs and bench/distributed.py at B=1 H=16 D=128
@@ -62,6 +63,13 @@ if want sweep; then
   for seg in 0 8; do
     PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_SEGMENTS=$seg python3 scripts/tc_sweep.py --out "$OUT/sweep_seg$seg.json" 2>&1 |
       sed "s/^/seg=$seg /"
+  done
+fi
+if want wgmma; then
+  # the wgmma forward against the mma.sync scan (ATTNRNN_TC_WGMMA is read once per process)
+  for wg in 0 1; do
+    PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_WGMMA=$wg ATTNRNN_TC_SEGMENTS=0 python3 scripts/tc_sweep.py \
+      --out "$OUT/sweep_wgmma$wg.json" 2>&1 | sed "s/^/wgmma=$wg /"
   done
 fi
 if want sanitize; then
