@@ -1,31 +1,37 @@
 // CUDA entry points of the linear-attention ops: pick the input type, then the launcher of
 // launch.cuh (whose instantiations live in instantiations/*.cu).
+#include <atomic>
+
 #include "launch.cuh"
 #include "launch_decls.h"
 
 namespace attnrnn::cuda {
 
+namespace {
+// Device attributes are asked on every launch (the decode step is latency critical), so each is
+// read from the driver once per device and kept; 0 marks "not read yet" (no attribute used here is 0).
+constexpr int kCachedDevices = 64;
+int cached_attribute(cudaDeviceAttr attr, std::atomic<int> (&cache)[kCachedDevices], int fallback) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return fallback;
+  if (device >= 0 && device < kCachedDevices) {
+    if (const int known = cache[device].load(std::memory_order_relaxed)) return known;
+  }
+  int value = 0;
+  if (cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess || value <= 0) return fallback;
+  if (device >= 0 && device < kCachedDevices) cache[device].store(value, std::memory_order_relaxed);
+  return value;
+}
+std::atomic<int> smem_optin_cache[kCachedDevices], major_cache[kCachedDevices], sm_count_cache[kCachedDevices];
+}  // namespace
+
 int max_dynamic_smem() {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 48 * 1024;
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
-    return 48 * 1024;
-  return bytes;
+  return cached_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, smem_optin_cache, 48 * 1024);
 }
 
-bool wgmma_device() {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  return major == 9;
-}
+bool wgmma_device() { return cached_attribute(cudaDevAttrComputeCapabilityMajor, major_cache, 0) == 9; }
 
-int sm_count() {
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 1;
-  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
-  return count;
-}
+int sm_count() { return cached_attribute(cudaDevAttrMultiProcessorCount, sm_count_cache, 1); }
 
 int64_t workspace_bytes(const LinearAttnParams& p) { return workspace_bytes_for(p, p.dout.data != nullptr); }
 
