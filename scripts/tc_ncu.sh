@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Profiles the tensor-core chunk scan with ncu after a gpu_suite build: stall reasons, throughput,
-# and per-SASS-line samples (CSV) under $OUT. Usage: scripts/tc_ncu.sh NAME B T H D [--backward]
+# and per-SASS-line samples (CSV) under $OUT. Usage: [KERNEL=regex] scripts/tc_ncu.sh NAME B T H D [--backward]
 set -uo pipefail
 name=$1; shift
 metrics='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
-ncu --clock-control none --kernel-name regex:chunk_tc --launch-skip "${SKIP:-2}" --launch-count 1 \
+ncu --clock-control none --kernel-name regex:${KERNEL:-chunk_tc} --launch-skip "${SKIP:-2}" --launch-count 1 \
   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters --metrics "$metrics" \
   --export "$OUT/$name" --force-overwrite python3 scripts/tc_profile.py "$@" > "$OUT/$name.txt" 2>&1

@@ -1,0 +1,48 @@
+"""GPU time of each kernel of chunk_linear_attn's forward (and forward+backward with --backward) at
+the training shapes, from torch.profiler: kernel times without the host's share of a call.
+
+    ATTNRNN_TC_WGMMA=1 PYTHONPATH=python python scripts/kernel_times.py [--backward]
+"""
+import collections
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import attnrnn
+
+SHAPES = [(8, 2048, 16, 64), (4, 8192, 16, 128), (1, 65536, 16, 128), (8, 4096, 32, 64)]
+REPS = 20
+
+
+def main():
+    backward = "--backward" in sys.argv
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for B, T, H, D in SHAPES:
+        make = lambda: torch.randn(B, T, H, D, generator=gen).to("cuda", torch.bfloat16)
+        q, k, v, do = make().sigmoid(), make().sigmoid(), make() * 0.5, make()
+        if backward:
+            q, k, v = (t.requires_grad_() for t in (q, k, v))
+        for normalize in (False, True):
+            def call():
+                o = attnrnn.chunk_linear_attn(q, k, v, normalize=normalize)[0]
+                if backward:
+                    o.backward(do)
+            for _ in range(3):
+                call()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(REPS):
+                    call()
+                torch.cuda.synchronize()
+            per_kernel = collections.defaultdict(float)
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    per_kernel[e.name.split("(")[0].split("<")[0][:40]] += e.device_time_total / REPS
+            total = sum(per_kernel.values())
+            parts = ", ".join(f"{n} {t:.1f}" for n, t in sorted(per_kernel.items(), key=lambda x: -x[1]))
+            print(f"B{B}-T{T}-H{H}-D{D} norm={int(normalize)}  gpu {total:8.1f} us  [{parts}]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
