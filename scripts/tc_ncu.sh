@@ -8,6 +8,7 @@ ncu --clock-control none --kernel-name regex:${KERNEL:-chunk_tc} --launch-skip "
   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters --metrics "$metrics" \
   --export "$OUT/$name" --force-overwrite python3 scripts/tc_profile.py "$@" > "$OUT/$name.txt" 2>&1
+ncu -i "$OUT/$name.ncu-rep" --page details >> "$OUT/$name.txt" 2>&1
 ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/$name.sass.csv" 2>/dev/null
 grep -E "Duration|Throughput|Registers|Achieved Occupancy|Warp Cycles Per Issued|Theoretical Occ|Block Limit" "$OUT/$name.txt" | head -20
 grep -E "stalled" "$OUT/$name.txt" | sort -k3 -t' ' | awk '{print $1, $NF}' | sort -k2 -g -r | head -8

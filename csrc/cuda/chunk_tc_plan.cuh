@@ -57,7 +57,8 @@ struct TcFeatures {
   ConstView q, k;
 };
 
-__device__ __forceinline__ const ConstView& tc_view(const LinearAttnParams& p, const TcFeatures& f, TcSrc s) {
+// By value: a reference into the kernel parameters would make the compiler copy them to memory.
+__device__ __forceinline__ ConstView tc_view(const LinearAttnParams& p, const TcFeatures& f, TcSrc s) {
   if (s == TcSrc::kQ) return f.q.data != nullptr ? f.q : p.q;
   if (s == TcSrc::kK) return f.k.data != nullptr ? f.k : p.k;
   return s == TcSrc::kV ? p.v : p.dout;

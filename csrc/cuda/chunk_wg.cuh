@@ -107,39 +107,59 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
   if (!split.state_only) publish_state();
 
   // ---- the steps: (chunk, query head) pairs of this segment ------------------------------------
-  const int nc = static_cast<int>((seq.len + C - 1) / C);
+  const int nc = static_cast<int>((seq.len + C - 1) / C), heads = static_cast<int>(G);
   const int ci0 = min(nc, seg * split.seg_chunks), ci1 = min(nc, ci0 + split.seg_chunks);
-  const int steps = (ci1 - ci0) * static_cast<int>(G);
+  const int steps = (ci1 - ci0) * heads;
   struct Step {
     int64_t t0, h;
     int cl;
     bool last;
   };
-  auto step_at = [&](int i) {
-    const int ci = ci0 + i / static_cast<int>(G), hi = i % static_cast<int>(G);
-    const int64_t off = int64_t(ci) * C;
-    return Step{seq.t0 + off, g * G + hi, static_cast<int>(seq.len - off < C ? seq.len - off : C), hi == G - 1};
+  // Walks the steps in order (chunk-major), without a division per step.
+  struct Walk {
+    int ci, hi;
   };
-  // `width` columns from col0 of the chunk's rows into 64-column tiles; rows past the chunk's end
-  // arrive as zeros. Thread tid copies 16-byte piece tid % 8 of each 64-column tile of every 16th row.
-  auto load_tiles = [&](unsigned char* dst, const ConstView& view, int64_t head, int col0, int width, const Step& s) {
-    const int piece = tid % 8;
-    const T* fallback = static_cast<const T*>(view.data);
+  auto step_of = [&](const Walk& w) {
+    const int64_t off = int64_t(w.ci) * C;
+    return Step{seq.t0 + off, g * G + w.hi, static_cast<int>(seq.len - off < C ? seq.len - off : C), w.hi == heads - 1};
+  };
+  auto advance = [&](Walk& w) {
+    if (++w.hi == heads) w.hi = 0, ++w.ci;
+  };
+  // A tile source: this thread's 16-byte piece of row 0 of sequence seq.b at token 0, head 0, and the
+  // strides to move from there; hoisted so that a step costs one address per source.
+  struct Source {
+    const T* base;
+    int64_t stride_t, stride_h;
+  };
+  const int piece = tid % 8;
+  auto source = [&](const ConstView& v, int col0) {
+    return Source{static_cast<const T*>(v.data) + seq.b * v.stride_b + col0 + piece * 8, v.stride_t, v.stride_h};
+  };
+  const Source q_src = source(tc_view(p, feat, TcSrc::kQ), 0), k_src = source(tc_view(p, feat, TcSrc::kK), 0),
+               v_src = source(p.v, c0);
+  // `width` columns of the chunk's rows into 64-column tiles; rows past the chunk's end arrive as
+  // zeros. Thread tid copies piece tid % 8 of each 64-column tile of rows tid / 8 + 16 j.
+  auto load_tiles = [&](unsigned char* dst, const Source& src, int64_t head, int width, const Step& s) {
+    const T* chunk = src.base + s.t0 * src.stride_t + head * src.stride_h;
 #pragma unroll
-    for (int r = tid / 8; r < C; r += kTcThreads / 8) {
+    for (int j = 0; j < C / 16; ++j) {
+      const int r = tid / 8 + 16 * j;
       const bool valid = r < s.cl;
-      const T* src = valid ? row<T>(view, seq.b, s.t0 + r, head) + col0 + piece * 8 : fallback;
-      for (int d0 = 0; d0 < width; d0 += 64)
-        cp_async16(dst + at(r, d0 + piece * 8), valid ? src + d0 : src, valid);
+      const T* from = valid ? chunk + r * src.stride_t : src.base;
+#pragma unroll
+      for (int d0 = 0; d0 < width; d0 += 64) cp_async16(dst + at(r, d0 + piece * 8), from + (valid ? d0 : 0), valid);
     }
   };
   auto stage = [&](int i) { return smem + (i % NS) * L::stage; };
+  Walk next{ci0, 0};  // the next step to load
   auto issue = [&](int i) {
-    const Step s = step_at(i);
+    const Step s = step_of(next);
+    advance(next);
     unsigned char* st = stage(i);
-    if (!split.state_only) load_tiles(st, tc_view(p, feat, TcSrc::kQ), s.h, 0, DI, s);
-    load_tiles(st + KT * kWgTileBytes, tc_view(p, feat, TcSrc::kK), g, 0, DI, s);
-    load_tiles(st + 2 * KT * kWgTileBytes, p.v, g, c0, D, s);
+    if (!split.state_only) load_tiles(st, q_src, s.h, DI, s);
+    load_tiles(st + KT * kWgTileBytes, k_src, g, DI, s);
+    load_tiles(st + 2 * KT * kWgTileBytes, v_src, g, D, s);
   };
 
   // den_t = s (Q_t . z + rowsum P_t) + eps for one of the thread's rows; its 4 lanes split the sum.
@@ -166,6 +186,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
     if (i < steps) issue(i);
     cp_async_commit();
   }
+  Walk current{ci0, 0};
   for (int i = 0; i < steps; ++i) {
     if (i + NS - 1 < steps) issue(i + NS - 1);
     cp_async_commit();
@@ -173,7 +194,8 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
     wg_fence_shared();  // cp.async and st.shared writes before the products read them
     __syncthreads();
 
-    const Step s = step_at(i);
+    const Step s = step_of(current);
+    advance(current);
     const unsigned char* Qt = stage(i);
     const unsigned char* Kt = Qt + KT * kWgTileBytes;
     const unsigned char* Vt = Kt + KT * kWgTileBytes;
@@ -241,13 +263,16 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
 #pragma unroll
         for (int r = 0; r < 2; ++r) inv[r] = scale / denominator(Qt, rowsum[r], wg_acc_row(tid, 2 * r));
       }
+      // the thread's two rows of o: r0 and r0 + 8
+      const int r0 = wg_acc_row(tid, 0);
+      T* const o0 = row<T>(p.o, seq.b, s.t0 + r0, s.h) + c0 + wg_acc_col(tid, 0);
+      T* const orow[2] = {o0, o0 + 8 * p.o.stride_t};
 #pragma unroll
       for (int e = 0; e < 32; e += 2) {
-        const int r = wg_acc_row(tid, e);
-        if (r >= s.cl) continue;
-        const float f = inv[(e >> 1) & 1];
-        T* orow = row<T>(p.o, seq.b, s.t0 + r, s.h) + c0 + wg_acc_col(tid, e);
-        *reinterpret_cast<uint32_t*>(orow) = pack2<T>(O[e] * f, O[e + 1] * f);
+        const int half = (e >> 1) & 1;
+        if (r0 + 8 * half >= s.cl) continue;
+        const float f = inv[half];
+        *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = pack2<T>(O[e] * f, O[e + 1] * f);
       }
     } else if (s.last) {
       // ---- pass 1 of a split: only the state moves ------------------------------------------------
