@@ -162,16 +162,68 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
     load_tiles(st + 2 * KT * kWgTileBytes, v_src, g, D, s);
   };
 
-  // den_t = s (Q_t . z + rowsum P_t) + eps for one of the thread's rows; its 4 lanes split the sum.
-  auto denominator = [&](const unsigned char* Qt, float rowsum, int r) {
-    float acc = rowsum;
-    for (int d = t2; d < DI; d += 8) {
-      const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(Qt + at(r, d)));
-      acc += q2.x * z[d] + q2.y * z[d + 1];
+  // q_t . z for the thread's two rows (r0 = wg_acc_row(tid, 0) and r0 + 8), on all 4 lanes of a row.
+  // bf16: one m16n8k16 product per 16 dims, the warp's 16 rows of Q times z as a [DI x 8] operand whose
+  // column 0 is z's bf16 high part and column 1 its low part (the rest zero). fp16 cannot hold z
+  // (it grows with T past fp16's range), so fp16 sums in fp32 on the CUDA cores.
+  const int lane = tid % 32, m0 = 16 * (tid / 32);
+  auto q_dot_z = [&](const unsigned char* Qt, float (&qz)[2]) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      const int n = lane / 4;  // this lane's column of the z operand
+#pragma unroll
+      for (int j = 0; j < DI / 16; ++j) {
+        uint32_t a[4];
+        ldsm_x4(a, Qt + at(m0 + (lane & 7) + ((lane >> 3) & 1) * 8, 16 * j + (lane >> 4) * 8));
+        const int k = 16 * j + 2 * (lane % 4);
+        uint32_t b[2] = {0u, 0u};
+        if (n < 2) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float2 zz = *reinterpret_cast<const float2*>(z + k + 8 * h);
+            const uint32_t hi = pack2<T>(zz.x, zz.y);
+            const float2 back = unpack2<T>(hi);
+            b[h] = n == 0 ? hi : pack2<T>(zz.x - back.x, zz.y - back.y);
+          }
+        }
+        mma16816<T>(c, a, b[0], b[1]);
+      }
+      qz[0] = __shfl_sync(0xffffffffu, c[0] + c[1], lane & ~3);  // columns 0 + 1, on the row's lane 0
+      qz[1] = __shfl_sync(0xffffffffu, c[2] + c[3], lane & ~3);
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float acc = 0.f;
+        for (int d = t2; d < DI; d += 8) {
+          const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(Qt + at(m0 + lane / 4 + 8 * r, d)));
+          acc += q2.x * z[d] + q2.y * z[d + 1];
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        qz[r] = acc + __shfl_xor_sync(0xffffffffu, acc, 2);
+      }
     }
-    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-    return scale * acc + eps;
+  };
+  // z += colsum K: K^T (dims x tokens, read transposed) times a ones operand, one m16n8k16 product per
+  // 16 tokens; warp w owns dims 16 w (+ 64 h). Every column of the result is the sum; each dim has
+  // one writer (a lane with lane % 4 == 0).
+  auto add_key_sums = [&](const unsigned char* Kt) {
+    const uint32_t ones = pack2<T>(1.f, 1.f);
+    const int mat = lane >> 3;
+#pragma unroll
+    for (int h = 0; h < KT; ++h) {
+      const int d0 = 64 * h + m0;
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < C / 16; ++j) {
+        uint32_t a[4];
+        ldsm_x4_trans(a, Kt + at(16 * j + (mat >> 1) * 8 + (lane & 7), d0 + (mat & 1) * 8));
+        mma16816<T>(c, a, ones, ones);
+      }
+      if (lane % 4 == 0) {
+        z[d0 + lane / 4] += c[0];
+        z[d0 + lane / 4 + 8] += c[2];
+      }
+    }
   };
 
   auto update_state = [&](const unsigned char* Kt, const unsigned char* Vt) {  // S += K^T V, per 64 dims
@@ -261,7 +313,14 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
       float inv[2] = {scale, scale};
       if (p.normalize) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) inv[r] = scale / denominator(Qt, rowsum[r], wg_acc_row(tid, 2 * r));
+        for (int r = 0; r < 2; ++r) {
+          rowsum[r] += __shfl_xor_sync(0xffffffffu, rowsum[r], 1);
+          rowsum[r] += __shfl_xor_sync(0xffffffffu, rowsum[r], 2);
+        }
+        float qz[2];
+        q_dot_z(Qt, qz);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) inv[r] = scale / (scale * (qz[r] + rowsum[r]) + eps);
       }
       // the thread's two rows of o: r0 and r0 + 8
       const int r0 = wg_acc_row(tid, 0);
@@ -286,15 +345,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
 
     __syncthreads();  // every warp is done with this stage, S_hi / S_lo and z
     if (s.last) {
-      if (p.normalize && tid < DI) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
-        for (int t = 0; t < C; ++t) {
-          const T k = *reinterpret_cast<const T*>(Kt + at(t, tid));
-          acc[t & 3] += to_acc<float>(k);
-        }
-        z[tid] += (acc[0] + acc[1]) + (acc[2] + acc[3]);
-      }
+      if (p.normalize) add_key_sums(Kt);
       if (!split.state_only) publish_state();
     }
     __syncthreads();  // z and the state tiles are written; the stage may be refilled
