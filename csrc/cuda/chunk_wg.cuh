@@ -269,11 +269,6 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
 #pragma unroll
       for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(Qt, along(j)), wg_descriptor(Sl, down(j)), 1);
       wg_commit();
-      // q . z needs neither P nor O, so it can run while the products do; at DI = 64 the registers
-      // it keeps live would spill under 3 blocks per SM, so there it runs after the wait.
-      constexpr bool dot_during_products = DI == 128;
-      float qz[2] = {0.f, 0.f};
-      if (dot_during_products && p.normalize) q_dot_z(Qt, qz);
       wg_wait_all();
       wg_hold(P);
       wg_hold(O);
@@ -322,7 +317,8 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
           rowsum[r] += __shfl_xor_sync(0xffffffffu, rowsum[r], 1);
           rowsum[r] += __shfl_xor_sync(0xffffffffu, rowsum[r], 2);
         }
-        if (!dot_during_products) q_dot_z(Qt, qz);
+        float qz[2];
+        q_dot_z(Qt, qz);
 #pragma unroll
         for (int r = 0; r < 2; ++r) inv[r] = scale / (scale * (qz[r] + rowsum[r]) + eps);
       }
