@@ -59,9 +59,19 @@ __device__ __forceinline__ void wg_row_dot_z(const unsigned char* A, const float
 
 // z[m] += sum_t weight_t X[t][m] over the 64 XT columns of tiles X [64 tokens][64 columns] (weight 1
 // when weight == nullptr): X^T, read transposed, times the weight operand, one product per 16
-// tokens. Each column has one writer (a lane with lane % 4 == 0).
+// tokens. Each column has one writer (a lane with lane % 4 == 0; thread m on the fp16 fp32 path).
 template <class T, int XT>
 __device__ __forceinline__ void wg_add_column_sums(const unsigned char* X, const float* weight, float* z, int tid) {
+  if constexpr (std::is_same_v<T, __half>) {
+    if (weight != nullptr) {  // fp16 parts of small weights (dd) would be subnormal: fp32 sums instead
+      for (int m = tid; m < 64 * XT; m += 128) {
+        float acc = 0.f;
+        for (int t = 0; t < 64; ++t) acc += weight[t] * __half2float(*reinterpret_cast<const __half*>(X + wg_at(t, m)));
+        z[m] += acc;
+      }
+      return;
+    }
+  }
   const int lane = tid % 32, m0 = 16 * (tid / 32), mat = lane >> 3;
 #pragma unroll
   for (int h = 0; h < XT; ++h) {
