@@ -116,29 +116,35 @@ int64_t tc_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
   return inner == 64 ? tc_role_partial_floats<R, 64>(p) : tc_role_partial_floats<R, 128>(p);
 }
 
-// One sweep of chunk_tc_kernel, as one pass or two: grid (sequences x segments x tiles, kv heads).
-template <class T, TcRole R, int DI>
-Status launch_tc_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
-  const int64_t bytes = TcLayout<DI>::bytes(sizeof(T));
-  Status s = allow_smem(chunk_tc_kernel<T, R, DI>, bytes, what);
+// One sweep of a chunk-scan kernel (chunk_tc_kernel or chunk_wg_kernel) as one pass or two: grid
+// (sequences x segments x tiles, kv heads); `segments` is the sweep's split (1 without a workspace).
+template <class Kernel>
+Status launch_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, float* partial, int segments,
+                    int64_t tiles, const TcFeatures& feat, const char* what) {
+  Status s = allow_smem(kernel, bytes, what);
   if (s != Status::kSuccess) return s;
   TcSplit split;
-  split.segments = partial != nullptr ? tc_role_segments<R, DI>(p) : 1;  // no workspace: one pass
-  const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments * tc_tiles<R, DI>(p)),
-                  static_cast<unsigned>(p.num_kv_heads));
+  split.segments = partial != nullptr ? segments : 1;
+  const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments * tiles), static_cast<unsigned>(p.num_kv_heads));
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   if (split.segments > 1) {
     const int64_t chunks = (p.seqlen + kTcChunk - 1) / kTcChunk;
     split.seg_chunks = static_cast<int>((chunks + split.segments - 1) / split.segments);
     split.partial = partial;
     split.state_only = true;
-    chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
+    kernel<<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
     s = check_launch(what);
     if (s != Status::kSuccess) return s;
     split.state_only = false;
   }
-  chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
+  kernel<<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
   return check_launch(what);
+}
+
+template <class T, TcRole R, int DI>
+Status launch_tc_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
+  return launch_sweep(chunk_tc_kernel<T, R, DI>, TcLayout<DI>::bytes(sizeof(T)), p, partial,
+                      tc_role_segments<R, DI>(p), tc_tiles<R, DI>(p), feat, what);
 }
 
 template <class T, TcRole R>
@@ -260,29 +266,10 @@ Status compute_features(const LinearAttnParams& p, bool backward, TcFeatures& fe
   return Status::kSuccess;
 }
 
-// One wgmma sweep, as one pass or two: grid (sequences x segments x tiles, kv heads).
 template <class T, TcRole R, int DI>
 Status launch_wg_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
-  constexpr int64_t bytes = WgLayout<DI>::smem_bytes;
-  Status s = allow_smem(chunk_wg_kernel<T, R, DI>, bytes, what);
-  if (s != Status::kSuccess) return s;
-  TcSplit split;
-  split.segments = partial != nullptr ? wg_segments<R, DI>(p) : 1;  // no workspace: one pass
-  const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments * wg_tiles<R>(p)),
-                  static_cast<unsigned>(p.num_kv_heads));
-  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  if (split.segments > 1) {
-    const int64_t chunks = (p.seqlen + kTcChunk - 1) / kTcChunk;
-    split.seg_chunks = static_cast<int>((chunks + split.segments - 1) / split.segments);
-    split.partial = partial;
-    split.state_only = true;
-    chunk_wg_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
-    s = check_launch(what);
-    if (s != Status::kSuccess) return s;
-    split.state_only = false;
-  }
-  chunk_wg_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
-  return check_launch(what);
+  return launch_sweep(chunk_wg_kernel<T, R, DI>, WgLayout<DI>::smem_bytes, p, partial, wg_segments<R, DI>(p),
+                      wg_tiles<R>(p), feat, what);
 }
 template <class T, TcRole R>
 Status launch_wg(const LinearAttnParams& p, int64_t inner, float* partial, const TcFeatures& feat, const char* what) {
