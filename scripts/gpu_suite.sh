@@ -71,6 +71,8 @@ if want wgmma; then
   for wg in 0 1 3; do
     PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_WGMMA=$wg ATTNRNN_TC_SEGMENTS=0 python3 scripts/tc_sweep.py \
       --out "$OUT/sweep_wgmma$wg.json" 2>&1 | sed "s/^/wgmma=$wg /"
+    PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_WGMMA=$wg python3 scripts/kernel_times.py --backward 2>&1 |
+      grep -v -i warn | sed "s/^/kernels wgmma=$wg /"
   done
 fi
 if want sanitize; then
