@@ -4,8 +4,8 @@
 #   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [wgmma] [bench] [fla] [multigpu]
 # TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python; SANITIZE_TOOLS and
 # SANITIZE_K ("-k" expression) limit "sanitize". "sweep" times the tensor-core scan at the training
-# shapes with the library's segment rule and a forced split; "wgmma" the same with the wgmma forward
-# off and on. "fla" installs
+# shapes with the library's segment rule and a forced split; "wgmma" the same with the wgmma sweeps
+# off, the forward only, and forward and backward. "fla" installs
 # .whl/fla_core-*.whl (copied from shared/wheels) so the benchmarks include fla ("bench" splits
 # the shapes over two GPUs when there are two). "multigpu" runs
 # the context-parallel tests over NCCL on all GPUs and bench/distributed.py at B=1 H=16 D=128
@@ -66,10 +66,13 @@ if want sweep; then
   done
 fi
 if want wgmma; then
-  # the wgmma forward against the mma.sync scan (ATTNRNN_TC_WGMMA is read once per process)
-  for wg in 0 1; do
+  # the wgmma sweeps against the mma.sync scan (ATTNRNN_TC_WGMMA, read once per process: 0 none,
+  # 1 the forward, 3 the forward and the backward's dq/dk/dv)
+  for wg in 0 1 3; do
     PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_WGMMA=$wg ATTNRNN_TC_SEGMENTS=0 python3 scripts/tc_sweep.py \
       --out "$OUT/sweep_wgmma$wg.json" 2>&1 | sed "s/^/wgmma=$wg /"
+    PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_WGMMA=$wg python3 scripts/kernel_times.py --backward 2>&1 |
+      grep -v -i warn | sed "s/^/kernels wgmma=$wg /"
   done
 fi
 if want sanitize; then

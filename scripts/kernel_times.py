@@ -1,7 +1,8 @@
 """GPU time of each kernel of chunk_linear_attn's forward (and forward+backward with --backward) at
 the training shapes, from torch.profiler: kernel times without the host's share of a call.
 
-    ATTNRNN_TC_WGMMA=1 PYTHONPATH=python python scripts/kernel_times.py [--backward]
+    ATTNRNN_TC_WGMMA=3 PYTHONPATH=python python scripts/kernel_times.py [--backward]
+(ATTNRNN_TC_WGMMA: 0 the mma.sync scans, 1 the wgmma forward, 3 the wgmma forward and backward.)
 """
 import collections
 import sys

@@ -8,8 +8,9 @@
 //   tiles     TcLayout (chunk_tc_plan.cuh): 2 stages, 64 output columns and 3 blocks/SM at inner
 //             dim 64, 32 columns and 2 blocks/SM at 128; measured reasons in docs/design.md §5
 //   features  with a feature map, phi(q) and phi(k) first go to the workspace (compute_features)
-//   wgmma     on sm_90a builds and devices the forward runs chunk_wg.cuh instead (one warpgroup per
-//             (sequence, 64 value columns, kv head), the same steps and segment split; WgLayout)
+//   wgmma     on sm_90a builds and devices the forward and the dq, dk, dv sweeps run chunk_wg.cuh
+//             instead (one warpgroup per (sequence, 64 output columns, kv head), the same steps and
+//             segment split; WgLayout)
 //
 // Tile table of the generic path (256 threads per block, CUDA-core FMAs):
 //   forward   BV = min(64, V) value columns per block; chunk C = the largest power of two <= the
@@ -115,29 +116,35 @@ int64_t tc_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
   return inner == 64 ? tc_role_partial_floats<R, 64>(p) : tc_role_partial_floats<R, 128>(p);
 }
 
-// One sweep of chunk_tc_kernel, as one pass or two: grid (sequences x segments x tiles, kv heads).
-template <class T, TcRole R, int DI>
-Status launch_tc_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
-  const int64_t bytes = TcLayout<DI>::bytes(sizeof(T));
-  Status s = allow_smem(chunk_tc_kernel<T, R, DI>, bytes, what);
+// One sweep of a chunk-scan kernel (chunk_tc_kernel or chunk_wg_kernel) as one pass or two: grid
+// (sequences x segments x tiles, kv heads); `segments` is the sweep's split (1 without a workspace).
+template <class Kernel>
+Status launch_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, float* partial, int segments,
+                    int64_t tiles, const TcFeatures& feat, const char* what) {
+  Status s = allow_smem(kernel, bytes, what);
   if (s != Status::kSuccess) return s;
   TcSplit split;
-  split.segments = partial != nullptr ? tc_role_segments<R, DI>(p) : 1;  // no workspace: one pass
-  const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments * tc_tiles<R, DI>(p)),
-                  static_cast<unsigned>(p.num_kv_heads));
+  split.segments = partial != nullptr ? segments : 1;
+  const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments * tiles), static_cast<unsigned>(p.num_kv_heads));
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   if (split.segments > 1) {
     const int64_t chunks = (p.seqlen + kTcChunk - 1) / kTcChunk;
     split.seg_chunks = static_cast<int>((chunks + split.segments - 1) / split.segments);
     split.partial = partial;
     split.state_only = true;
-    chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
+    kernel<<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
     s = check_launch(what);
     if (s != Status::kSuccess) return s;
     split.state_only = false;
   }
-  chunk_tc_kernel<T, R, DI><<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
+  kernel<<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
   return check_launch(what);
+}
+
+template <class T, TcRole R, int DI>
+Status launch_tc_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
+  return launch_sweep(chunk_tc_kernel<T, R, DI>, TcLayout<DI>::bytes(sizeof(T)), p, partial,
+                      tc_role_segments<R, DI>(p), tc_tiles<R, DI>(p), feat, what);
 }
 
 template <class T, TcRole R>
@@ -148,38 +155,50 @@ Status launch_tc(const LinearAttnParams& p, int64_t inner, float* partial, const
 
 bool wgmma_device();
 
-// The wgmma forward (chunk_wg.cuh) takes the tensor-core forward's K = 64 and K = 128 shapes on sm_90a
+// The wgmma sweeps (chunk_wg.cuh) take the tensor-core forward's K = 64 and K = 128 shapes and the
+// backward's dq, dk and dv sweeps (K, V in {64, 128}; the den sweep stays on mma.sync) on sm_90a
 // builds and devices, with phi(q), phi(k) from the workspace when there is a feature map (without a
-// workspace, the mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA=0 keeps the mma.sync scan (for
-// measuring one against the other). wgmma_planned decides the workspace's partials, so it must not
-// depend on anything but p and the device.
-inline bool wgmma_planned(const LinearAttnParams& p) {
+// workspace, the mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA is a mask (bit 0 the forward,
+// bit 1 the backward; default 3, 0 keeps the mma.sync scans), for measuring one against the other.
+// wgmma_planned decides the workspace's partials, so it must not depend on anything but p and the device.
+inline bool wgmma_planned(const LinearAttnParams& p, bool backward) {
 #if defined(ATTNRNN_WGMMA)
-  static const bool enabled = [] {
+  static const int enabled = [] {
     const char* env = std::getenv("ATTNRNN_TC_WGMMA");
-    return env == nullptr || std::atoi(env) != 0;
+    return env == nullptr ? 3 : std::atoi(env);
   }();
-  return enabled && (p.head_dim_k == 64 || p.head_dim_k == 128) && wgmma_device();
+  auto dim_ok = [](int64_t d) { return d == 64 || d == 128; };
+  const bool dims = dim_ok(p.head_dim_k) && (!backward || dim_ok(p.head_dim_v));
+  return (enabled & (backward ? 2 : 1)) != 0 && dims && wgmma_device();
 #else
   (void)p;
+  (void)backward;
   return false;
 #endif
 }
-inline bool wgmma_forward(const LinearAttnParams& p, const TcFeatures& feat) {
-  return wgmma_planned(p) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr);
+inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatures& feat) {
+  return wgmma_planned(p, backward) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr);
 }
 
-// Segments and pass-1 partials of the wgmma forward: the segment rule of the tensor-core scan with
-// this kernel's blocks (64 value columns each) and blocks per SM.
-template <int DI>
-int wg_segments(const LinearAttnParams& p) {
-  return tc_segments(p, num_states(p) * p.num_kv_heads * (p.head_dim_v / 64), WgLayout<DI>::min_blocks);
+// Blocks, segments and pass-1 partials of a wgmma sweep: 64 output columns per block (the forward's
+// and dv's over V, dq's and dk's over K) and the segment rule of the tensor-core scan.
+template <TcRole R>
+int64_t wg_tiles(const LinearAttnParams& p) {
+  return (R == TcRole::kForward || R == TcRole::kGradV ? p.head_dim_v : p.head_dim_k) / 64;
 }
-template <int DI>
+template <TcRole R, int DI>
+int wg_segments(const LinearAttnParams& p) {
+  return tc_segments(p, num_states(p) * p.num_kv_heads * wg_tiles<R>(p), WgLayout<DI>::min_blocks);
+}
+template <TcRole R, int DI>
 int64_t wg_partial_floats(const LinearAttnParams& p) {
-  const int64_t segments = wg_segments<DI>(p);
+  const int64_t segments = wg_segments<R, DI>(p);
   if (segments <= 1) return 0;
-  return segments * num_states(p) * p.num_kv_heads * (p.head_dim_v / 64) * WgLayout<DI>::partial_floats;
+  return segments * num_states(p) * p.num_kv_heads * wg_tiles<R>(p) * WgLayout<DI>::partial_floats;
+}
+template <TcRole R>
+int64_t wg_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
+  return inner == 64 ? wg_partial_floats<R, 64>(p) : wg_partial_floats<R, 128>(p);
 }
 
 // Workspace of the CUDA ops: [2 floats per (token, query head) for the backward][pass-1 partials]
@@ -196,9 +215,13 @@ inline int64_t partial_bytes(const LinearAttnParams& p, bool backward) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
   if (!tensor_core_sweep(p, backward)) return 0;
   if (!backward) {
-    if (wgmma_planned(p)) return (K == 64 ? wg_partial_floats<64>(p) : wg_partial_floats<128>(p)) * 4;
+    if (wgmma_planned(p, false)) return wg_partial_floats_of<TcRole::kForward>(p, K) * 4;
     return tc_partial_floats_of<TcRole::kForward>(p, K) * 4;
   }
+  if (wgmma_planned(p, true))
+    return 4 * std::max({p.normalize ? tc_partial_floats_of<TcRole::kDen>(p, K) : 0,
+                         wg_partial_floats_of<TcRole::kGradQ>(p, V), wg_partial_floats_of<TcRole::kGradK>(p, V),
+                         wg_partial_floats_of<TcRole::kGradV>(p, K)});
   return 4 * std::max({p.normalize ? tc_partial_floats_of<TcRole::kDen>(p, K) : 0,
                        tc_partial_floats_of<TcRole::kGradQ>(p, V), tc_partial_floats_of<TcRole::kGradK>(p, V),
                        tc_partial_floats_of<TcRole::kGradV>(p, K)});
@@ -243,6 +266,17 @@ Status compute_features(const LinearAttnParams& p, bool backward, TcFeatures& fe
   return Status::kSuccess;
 }
 
+template <class T, TcRole R, int DI>
+Status launch_wg_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
+  return launch_sweep(chunk_wg_kernel<T, R, DI>, WgLayout<DI>::smem_bytes, p, partial, wg_segments<R, DI>(p),
+                      wg_tiles<R>(p), feat, what);
+}
+template <class T, TcRole R>
+Status launch_wg(const LinearAttnParams& p, int64_t inner, float* partial, const TcFeatures& feat, const char* what) {
+  return inner == 64 ? launch_wg_role<T, R, 64>(p, partial, feat, what)
+                     : launch_wg_role<T, R, 128>(p, partial, feat, what);
+}
+
 template <class T>
 Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
@@ -251,35 +285,17 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   Status s = compute_features<T>(p, true, feat);
   if (s == Status::kSuccess && p.normalize)
     s = launch_tc<T, TcRole::kDen>(p, K, partial, feat, "chunk_linear_attn backward (denominators)");
-  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq)");
+  if (s != Status::kSuccess) return s;
+  if (wgmma_sweeps(p, true, feat)) {
+    s = launch_wg<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq, wgmma)");
+    if (s == Status::kSuccess) s = launch_wg<T, TcRole::kGradK>(p, V, partial, feat, "chunk_linear_attn backward (dk, wgmma)");
+    if (s == Status::kSuccess) s = launch_wg<T, TcRole::kGradV>(p, K, partial, feat, "chunk_linear_attn backward (dv, wgmma)");
+    return s;
+  }
+  s = launch_tc<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq)");
   if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradK>(p, V, partial, feat, "chunk_linear_attn backward (dk)");
   if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradV>(p, K, partial, feat, "chunk_linear_attn backward (dv)");
   return s;
-}
-
-template <class T, int DI>
-Status launch_wg_fwd(const LinearAttnParams& p, float* partial, const TcFeatures& feat) {
-  const char* what = "chunk_linear_attn forward (wgmma)";
-  constexpr int64_t bytes = WgLayout<DI>::smem_bytes;
-  Status s = allow_smem(chunk_wg_fwd_kernel<T, DI>, bytes, what);
-  if (s != Status::kSuccess) return s;
-  TcSplit split;
-  split.segments = partial != nullptr ? wg_segments<DI>(p) : 1;
-  const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments * (p.head_dim_v / 64)),
-                  static_cast<unsigned>(p.num_kv_heads));
-  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  if (split.segments > 1) {
-    const int64_t chunks = (p.seqlen + kTcChunk - 1) / kTcChunk;
-    split.seg_chunks = static_cast<int>((chunks + split.segments - 1) / split.segments);
-    split.partial = partial;
-    split.state_only = true;
-    chunk_wg_fwd_kernel<T, DI><<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
-    s = check_launch(what);
-    if (s != Status::kSuccess) return s;
-    split.state_only = false;
-  }
-  chunk_wg_fwd_kernel<T, DI><<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
-  return check_launch(what);
 }
 
 template <class T>
@@ -292,10 +308,9 @@ Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
       TcFeatures feat;
       const Status s = compute_features<T>(p, false, feat);
       if (s != Status::kSuccess) return s;
-      if (wgmma_forward(p, feat)) {
-        float* partial = p.workspace == nullptr ? nullptr : partial_ptr(p, false);
-        return K == 64 ? launch_wg_fwd<T, 64>(p, partial, feat) : launch_wg_fwd<T, 128>(p, partial, feat);
-      }
+      if (wgmma_sweeps(p, false, feat))
+        return launch_wg<T, TcRole::kForward>(p, K, p.workspace == nullptr ? nullptr : partial_ptr(p, false), feat,
+                                              "chunk_linear_attn forward (wgmma)");
       return launch_tc<T, TcRole::kForward>(p, K, p.workspace == nullptr ? nullptr : partial_ptr(p, false), feat,
                                             "chunk_linear_attn forward (tensor cores)");
     }

@@ -25,6 +25,9 @@ __host__ __device__ __forceinline__ int wg_swizzled(int r, int c) {
   return r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
 }
 
+// Byte offset of element (r, c) in a row of 64-column tiles (column c in tile c / 64).
+__host__ __device__ __forceinline__ int wg_at(int r, int c) { return (c / 64) * kWgTileBytes + wg_swizzled(r, c % 64); }
+
 // Descriptor of the tile at `smem` + byte_offset: start address >> 4, LBO 16 B (unused with this
 // swizzle), SBO 1024 B (eight rows), layout type 1 (128-byte swizzle).
 __device__ __forceinline__ uint64_t wg_descriptor(const void* smem, int byte_offset) {
