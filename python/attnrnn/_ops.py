@@ -1,8 +1,8 @@
-"""Fake kernels and autograd of the torch.ops.attnrnn operators (defined in csrc/torch).
+"""Fake kernels of the torch.ops.attnrnn operators (defined in csrc/torch).
 
-Forward ops save their inputs (and, on CUDA with normalize, the output); the backward kernels
-recompute the states they need. The backward ops are differentiable once (create_graph=True
-records them) but have no backward of their own: differentiating through them raises.
+The linear-attention ops' autograd is in C++ (csrc/torch/autograd.cpp, at the Autograd key), so
+that a training step runs no Python between its kernels; the softmax ops' autograd is in
+attnrnn/softmax/_ops.py and uses no_double_backward below.
 
 The fake kernels check what they index (ranks of q, k, v; cu_seqlens) and raise the ValueError
 of the real op, so that tracing fails as eager does instead of with an unpacking error.
@@ -98,40 +98,6 @@ def _(q, k, v, S, z, state_indices, scale, eps, feature_map, normalize):
     return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize = inputs[:10]
-    # The output is kept only for the CUDA backward with normalize (it needs do . o for the
-    # denominator); the CPU backward recomputes everything, so o stays free for in-place use.
-    keep_o = normalize and q.is_cuda
-    ctx.save_for_backward(q, k, v, initial_S, initial_z, cu_seqlens, output[0] if keep_o else None)
-    ctx.options = (scale, eps, feature_map, normalize)
-    ctx.chunk_size = inputs[11] if len(inputs) > 11 else None
-
-
-def _state_grad(g):
-    # Unrequested final states are empty tensors; their gradient carries nothing.
-    return None if g is None or g.numel() == 0 else g
-
-
-def _backward(ctx, dout, d_final_S, d_final_z):
-    q, k, v, initial_S, initial_z, cu_seqlens, o = ctx.saved_tensors
-    if dout.stride(-1) != 1:
-        dout = dout.contiguous()
-    args = (dout, o, _state_grad(d_final_S), _state_grad(d_final_z), q, k, v, initial_S, initial_z, cu_seqlens,
-            *ctx.options)
-    if ctx.chunk_size is None:
-        dq, dk, dv, dS0, dz0 = ops.recurrent_bwd(*args)
-    else:
-        dq, dk, dv, dS0, dz0 = ops.chunk_bwd(*args, ctx.chunk_size)
-    grads = (dq, dk, dv, dS0 if initial_S is not None else None, dz0 if initial_z is not None else None)
-    # No gradient for cu_seqlens, scale, eps, feature_map, normalize, output_final_state (, chunk_size).
-    return grads + (None,) * (7 if ctx.chunk_size is not None else 6)
-
-
-torch.library.register_autograd("attnrnn::chunk_fwd", _backward, setup_context=_setup_context)
-torch.library.register_autograd("attnrnn::recurrent_fwd", _backward, setup_context=_setup_context)
-
-
 def no_double_backward(op_name):
     """A backward for a backward op: the first-order gradient may be built with
     create_graph=True, but differentiating it again raises instead of silently treating the op's
@@ -143,7 +109,3 @@ def no_double_backward(op_name):
             "not implemented); differentiate the reference implementation for higher-order gradients")
 
     return backward
-
-
-for _name in ("attnrnn::chunk_bwd", "attnrnn::recurrent_bwd"):
-    torch.library.register_autograd(_name, no_double_backward(_name))

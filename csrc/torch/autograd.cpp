@@ -1,0 +1,212 @@
+// Autograd of the linear-attention sequence ops, registered at the Autograd key.
+//
+// It lives in C++ rather than in torch.library's Python autograd because a training step then
+// runs no Python between the forward and the backward kernels: the Python wrapper cost about
+// 100-300 us of host time per forward+backward, which at the smaller training shapes was longer
+// than the kernels themselves. C++ programs linking attnrnn::torch get the same gradients.
+//
+// The forward saves its inputs (and, on CUDA with normalize, the output: the backward reads
+// do . o for the denominator instead of recomputing it); the backward kernels recompute the
+// states they need. The backward ops are differentiable once (create_graph=True records them),
+// but differentiating them again raises instead of silently treating their results as constants.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/zeros.h>  // zeros_symint
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptTensor = std::optional<at::Tensor>;
+using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using BackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// The two sequence forms share everything but their op names and the chunk_size argument
+// (the recurrent form has none).
+struct ChunkForm {
+  static constexpr const char* kForward = "attnrnn::chunk_fwd";
+  static constexpr const char* kBackward = "attnrnn::chunk_bwd";
+  static constexpr bool kHasChunkSize = true;
+};
+struct RecurrentForm {
+  static constexpr const char* kForward = "attnrnn::recurrent_fwd";
+  static constexpr const char* kBackward = "attnrnn::recurrent_bwd";
+  static constexpr bool kHasChunkSize = false;
+};
+
+template <class Form>
+ForwardResult call_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
+                           const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
+                           std::string_view feature_map, bool normalize, bool output_final_state,
+                           int64_t chunk_size) {
+  if constexpr (Form::kHasChunkSize) {
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Form::kForward, "").template typed<
+        ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
+                      const OptTensor&, double, double, std::string_view, bool, bool, int64_t)>();
+    return op.call(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state, chunk_size);
+  } else {
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Form::kForward, "").template typed<
+        ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
+                      const OptTensor&, double, double, std::string_view, bool, bool)>();
+    return op.call(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state);
+  }
+}
+
+template <class Form>
+BackwardResult call_backward(const at::Tensor& dout, const OptTensor& o, const OptTensor& dS, const OptTensor& dz,
+                             const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
+                             const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
+                             std::string_view feature_map, bool normalize, int64_t chunk_size) {
+  if constexpr (Form::kHasChunkSize) {
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Form::kBackward, "").template typed<
+        BackwardResult(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, const at::Tensor&,
+                       const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
+                       double, double, std::string_view, bool, int64_t)>();
+    return op.call(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, chunk_size);
+  } else {
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Form::kBackward, "").template typed<
+        BackwardResult(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, const at::Tensor&,
+                       const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
+                       double, double, std::string_view, bool)>();
+    return op.call(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize);
+  }
+}
+
+OptTensor present(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+
+// A final state's gradient, when that state was returned (unrequested final states, and z
+// without normalize, are empty tensors) and reaches the loss.
+OptTensor state_grad(const at::Tensor& g, bool returned) {
+  return returned && g.defined() ? OptTensor(g) : std::nullopt;
+}
+
+// The backward op with a backward of its own that refuses: second-order gradients through the
+// attnrnn kernels are not implemented (the reference implementation has them).
+template <class Form>
+struct BackwardFunction : torch::autograd::Function<BackwardFunction<Form>> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& dout, const OptTensor& o, const OptTensor& dS,
+                               const OptTensor& dz, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const OptTensor& S0, const OptTensor& z0, const OptTensor& cu_seqlens, double scale,
+                               double eps, std::string_view feature_map, bool normalize, int64_t chunk_size) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [dq, dk, dv, dS0, dz0] = call_backward<Form>(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps,
+                                                      feature_map, normalize, chunk_size);
+    return {dq, dk, dv, dS0, dz0};
+  }
+
+  static variable_list backward(AutogradContext*, variable_list) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "double backward of ", Form::kBackward,
+                                " is not supported (the gradient of the attnrnn backward op is not implemented); "
+                                "differentiate the reference implementation for higher-order gradients");
+  }
+};
+
+template <class Form>
+struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const OptTensor& S0, const OptTensor& z0, const OptTensor& cu_seqlens, double scale,
+                               double eps, std::string_view feature_map, bool normalize, bool output_final_state,
+                               int64_t chunk_size) {
+    ForwardResult out;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      out = call_forward<Form>(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
+                               chunk_size);
+    }
+    const at::Tensor& o = std::get<0>(out);
+    const bool keep_o = normalize && q.is_cuda();
+    ctx->save_for_backward({q, k, v, S0.value_or(at::Tensor()), z0.value_or(at::Tensor()),
+                            cu_seqlens.value_or(at::Tensor()), keep_o ? o : at::Tensor()});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["feature_map"] = std::string(feature_map);
+    ctx->saved_data["normalize"] = normalize;
+    ctx->saved_data["output_final_state"] = output_final_state;
+    ctx->saved_data["chunk_size"] = chunk_size;
+    // Gradients of outputs the loss does not use stay undefined instead of being filled with zeros.
+    ctx->set_materialize_grads(false);
+    return {o, std::get<1>(out), std::get<2>(out)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &S0 = saved[3], &z0 = saved[4];
+    at::Tensor dout = grads[0];
+    if (!dout.defined()) {
+      // Only the final state reaches the loss.
+      dout = at::zeros_symint({q.sym_size(0), q.sym_size(1), q.sym_size(2), v.sym_size(3)}, q.options());
+    } else if (dout.stride(-1) != 1) {
+      dout = dout.contiguous();
+    }
+    const std::string feature_map = ctx->saved_data["feature_map"].toStringRef();
+    const bool normalize = ctx->saved_data["normalize"].toBool();
+    const bool output_final_state = ctx->saved_data["output_final_state"].toBool();
+    const variable_list g = BackwardFunction<Form>::apply(
+        dout, present(saved[6]), state_grad(grads[1], output_final_state),
+        state_grad(grads[2], output_final_state && normalize), q, k, v, present(S0), present(z0), present(saved[5]),
+        ctx->saved_data["scale"].toDouble(), ctx->saved_data["eps"].toDouble(), std::string_view(feature_map),
+        normalize, ctx->saved_data["chunk_size"].toInt());
+    // One entry per forward argument: dq, dk, dv, the initial-state gradients, nothing for the rest.
+    variable_list result(12);
+    result[0] = g[0];
+    result[1] = g[1];
+    result[2] = g[2];
+    if (S0.defined()) result[3] = g[3];
+    if (z0.defined()) result[4] = g[4];
+    return result;
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                         const OptTensor& S0, const OptTensor& z0,
+                                                         const OptTensor& cu_seqlens, double scale, double eps,
+                                                         std::string_view feature_map, bool normalize,
+                                                         bool output_final_state, int64_t chunk_size) {
+  const variable_list out = SequenceFunction<ChunkForm>::apply(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
+                                                               normalize, output_final_state, chunk_size);
+  return {out[0], out[1], out[2]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(const at::Tensor& q, const at::Tensor& k,
+                                                             const at::Tensor& v, const OptTensor& S0,
+                                                             const OptTensor& z0, const OptTensor& cu_seqlens,
+                                                             double scale, double eps, std::string_view feature_map,
+                                                             bool normalize, bool output_final_state) {
+  const variable_list out = SequenceFunction<RecurrentForm>::apply(q, k, v, S0, z0, cu_seqlens, scale, eps,
+                                                                   feature_map, normalize, output_final_state,
+                                                                   int64_t{0});
+  return {out[0], out[1], out[2]};
+}
+
+template <class Form>
+BackwardResult backward_op(const at::Tensor& dout, const OptTensor& o, const OptTensor& dS, const OptTensor& dz,
+                           const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
+                           const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
+                           std::string_view feature_map, bool normalize, int64_t chunk_size) {
+  const variable_list g = BackwardFunction<Form>::apply(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps,
+                                                        feature_map, normalize, chunk_size);
+  return {g[0], g[1], g[2], g[3], g[4]};
+}
+
+BackwardResult recurrent_bwd(const at::Tensor& dout, const OptTensor& o, const OptTensor& dS, const OptTensor& dz,
+                             const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
+                             const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
+                             std::string_view feature_map, bool normalize) {
+  return backward_op<RecurrentForm>(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize,
+                                    0);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attnrnn, Autograd, m) {
+  m.impl("chunk_fwd", &chunk_fwd);
+  m.impl("recurrent_fwd", &recurrent_fwd);
+  m.impl("chunk_bwd", &backward_op<ChunkForm>);
+  m.impl("recurrent_bwd", &recurrent_bwd);
+}
