@@ -1,5 +1,6 @@
 // attnrnn ops on at::Tensor (target attnrnn::torch). The same functions back the
-// torch.ops.attnrnn.* operators; the Python package adds autograd on top of them.
+// torch.ops.attnrnn.* operators, whose autograd (csrc/torch/autograd.cpp) sits on top of them:
+// these functions compute no gradients themselves; calling the operators through the dispatcher does.
 //
 // Shapes: q [B,T,H,K], k [B,T,Hkv,K], v [B,T,Hkv,V] (any strides, unit stride on the last dim),
 // states S [N,Hkv,K,V] and z [N,Hkv,K] in float32 (float64 for float64 inputs).
