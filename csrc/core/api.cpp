@@ -39,6 +39,13 @@ int64_t linear_attn_workspace_bytes(const LinearAttnParams& p) {
   return 0;
 }
 
+bool linear_attn_chunk_fwd_writes_den(const LinearAttnParams& p) {
+#ifdef ATTNRNN_WITH_CUDA
+  if (p.device == Device::kCUDA) return cuda::chunk_fwd_writes_den(p);
+#endif
+  return false;
+}
+
 bool built_with_cuda() {
 #ifdef ATTNRNN_WITH_CUDA
   return true;

@@ -24,6 +24,7 @@ Status recurrent_fwd(const LinearAttnParams& p);
 Status recurrent_bwd(const LinearAttnParams& p);
 Status step(const LinearAttnStepParams& p);
 int64_t workspace_bytes(const LinearAttnParams& p);  // forward when p.dout.data is null, else backward
+bool chunk_fwd_writes_den(const LinearAttnParams& p);
 }  // namespace cuda
 
 }  // namespace attnrnn

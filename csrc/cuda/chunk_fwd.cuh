@@ -99,6 +99,8 @@ __global__ void __launch_bounds__(kFwdThreads) chunk_fwd_kernel(const LinearAttn
           for (int k = 0; k < K; ++k) d += Qs[t * KP + k] * z[k];  // written out: see chunk_generic.cuh
           d = sum(d, As + t * CP, 1, t + 1);
           den[t] = d;
+          if (p.den_out != nullptr && blockIdx.y == 0 && t < cl)  // w for the backward (den_out)
+            static_cast<float*>(p.den_out)[token_index(p, seq, t0 + t, h)] = static_cast<float>(scale / d);
         }
         __syncthreads();
       }

@@ -372,6 +372,7 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
             if (p.normalize) {
 #pragma unroll
               for (int r = 0; r < 2; ++r) inv[r] = scale / denominator(As, rowsum[r], r);
+              if (p.den_out != nullptr && tile == 0) store_den(p, seq, s.t0 + r0 + gr, s.h, s.cl - r0 - gr, inv, lane);
             }
           }
           const MutView& out = R == TcRole::kForward ? p.o : R == TcRole::kGradQ ? p.dq : R == TcRole::kGradK ? p.dk : p.dv;

@@ -361,6 +361,10 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
             wg_row_dot_z<T, DI>(At, z, tid, qz);
 #pragma unroll
             for (int r = 0; r < 2; ++r) inv[r] = scale / (scale * (qz[r] + rowsum[r]) + eps);
+            if (p.den_out != nullptr && tile == 0) {
+              const int r0 = wg_acc_row(tid, 0);
+              store_den(p, seq, s.t0 + r0, s.h, s.cl - r0, inv, tid % 32);
+            }
           }
         }
         const MutView out = kFwd ? p.o : kDq ? p.dq : kDk ? p.dk : p.dv;  // by value: see tc_view

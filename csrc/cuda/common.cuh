@@ -106,6 +106,17 @@ __device__ __forceinline__ int64_t token_index(const LinearAttnParams& p, const 
   return (seq.b * p.seqlen + t) * p.num_heads + h;
 }
 
+// The forward's w = scale / den of a lane's two rows t and t + 8 (the rows of an m16 accumulator),
+// for the backward (LinearAttnParams::den_out, [B, T, H] like token_index); rows >= `rows` are past
+// the chunk's end. One lane of the row's four writes.
+__device__ __forceinline__ void store_den(const LinearAttnParams& p, const Seq& seq, int64_t t, int64_t h, int rows,
+                                          const float (&w)[2], int lane) {
+  if (lane % 4 != 0) return;
+  float* den = static_cast<float*>(p.den_out);
+  if (rows > 0) den[token_index(p, seq, t, h)] = w[0];
+  if (rows > 8) den[token_index(p, seq, t + 8, h)] = w[1];
+}
+
 inline int64_t num_states(const LinearAttnParams& p) {
   return p.cu_seqlens != nullptr ? p.num_seqs : p.batch;
 }

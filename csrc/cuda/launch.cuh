@@ -11,6 +11,8 @@
 //   wgmma     on sm_90a builds and devices the forward and the dq, dk, dv sweeps run chunk_wg.cuh
 //             instead (one warpgroup per (sequence, 64 output columns, kv head), the same steps and
 //             segment split; WgLayout)
+//   den       with normalize, the backward's w and dd come from the forward's saved w when it is
+//             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
 //
 // Tile table of the generic path (256 threads per block, CUDA-core FMAs):
 //   forward   BV = min(64, V) value columns per block; chunk C = the largest power of two <= the
@@ -27,6 +29,7 @@
 #include <cstdlib>
 
 #include "chunk_bwd.cuh"
+#include "chunk_dd.cuh"
 #include "chunk_fwd.cuh"
 #include "chunk_tc.cuh"
 #include "chunk_wg.cuh"
@@ -277,6 +280,17 @@ Status launch_wg(const LinearAttnParams& p, int64_t inner, float* partial, const
                      : launch_wg_role<T, R, 128>(p, partial, feat, what);
 }
 
+// w and dd from the forward's saved w (chunk_dd.cuh): one warp per (token, query head) row, enough
+// blocks to cover the rows or fill the GPU 16 blocks deep, whichever is fewer.
+template <class T>
+Status launch_dd(const LinearAttnParams& p) {
+  const int64_t rows = p.batch * p.seqlen * p.num_heads, rows_per_block = kDdThreads / 32;
+  const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, int64_t(sm_count()) * 16);
+  if (blocks == 0) return Status::kSuccess;
+  chunk_dd_kernel<T><<<static_cast<unsigned>(blocks), kDdThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p);
+  return check_launch("chunk_linear_attn backward (denominators from the forward)");
+}
+
 template <class T>
 Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
@@ -284,7 +298,8 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   TcFeatures feat;
   Status s = compute_features<T>(p, true, feat);
   if (s == Status::kSuccess && p.normalize)
-    s = launch_tc<T, TcRole::kDen>(p, K, partial, feat, "chunk_linear_attn backward (denominators)");
+    s = p.den_in != nullptr ? launch_dd<T>(p)
+                            : launch_tc<T, TcRole::kDen>(p, K, partial, feat, "chunk_linear_attn backward (denominators)");
   if (s != Status::kSuccess) return s;
   if (wgmma_sweeps(p, true, feat)) {
     s = launch_wg<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq, wgmma)");

@@ -35,6 +35,12 @@ int sm_count() { return cached_attribute(cudaDevAttrMultiProcessorCount, sm_coun
 
 int64_t workspace_bytes(const LinearAttnParams& p) { return workspace_bytes_for(p, p.dout.data != nullptr); }
 
+bool chunk_fwd_writes_den(const LinearAttnParams& p) {
+  // Every CUDA chunk forward writes it (chunk_tc, chunk_wg, chunk_fwd): a condition on dtypes and
+  // options only, so that the fake kernel can tell the output's shape too.
+  return p.normalize && (p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16);
+}
+
 Status chunk_fwd(const LinearAttnParams& p) {
   return dispatch_dtype(p.dtype, [&](auto t) { return launch_chunk_fwd<decltype(t)>(p, false); });
 }

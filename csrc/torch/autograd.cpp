@@ -7,9 +7,10 @@
 // call). C++ programs linking attnrnn::torch get the same gradients when they call the operators
 // through the dispatcher (tests/consumer/consumer_torch.cpp).
 //
-// The forward saves its inputs (and, on CUDA with normalize, the output: the backward reads
-// do . o for the denominator instead of recomputing it); the backward kernels recompute the
-// states they need. The backward ops are differentiable once (create_graph=True records them),
+// The forward saves its inputs (and, on CUDA with normalize, the output, whose do . o gives the
+// denominator's gradient, and the denominators themselves where the forward's kernels write them:
+// the CUDA backward then skips its sweep over the sequence for them, as FlashAttention keeps the
+// softmax's log-sum-exp); the backward kernels recompute the states they need. The backward ops are differentiable once (create_graph=True records them),
 // but differentiating them again raises instead of silently treating their results as constants.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/zeros.h>  // zeros_symint
@@ -26,7 +27,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using OptTensor = std::optional<at::Tensor>;
-using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // o, S, z, den
 using BackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // The two sequence forms share everything but their op names and the chunk_size argument
@@ -42,21 +43,25 @@ struct RecurrentForm {
   static constexpr bool kHasChunkSize = false;
 };
 
+// The recurrent form saves no denominators: its den is an empty tensor.
 template <class Form>
 ForwardResult call_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
                            const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
                            std::string_view feature_map, bool normalize, bool output_final_state,
-                           int64_t chunk_size) {
+                           int64_t chunk_size, bool save_den) {
   if constexpr (Form::kHasChunkSize) {
     static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Form::kForward, "").template typed<
         ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
-                      const OptTensor&, double, double, std::string_view, bool, bool, int64_t)>();
-    return op.call(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state, chunk_size);
+                      const OptTensor&, double, double, std::string_view, bool, bool, int64_t, bool)>();
+    return op.call(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state, chunk_size,
+                   save_den);
   } else {
     static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Form::kForward, "").template typed<
-        ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
-                      const OptTensor&, double, double, std::string_view, bool, bool)>();
-    return op.call(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state);
+        std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                       const OptTensor&, const OptTensor&, const OptTensor&, double,
+                                                       double, std::string_view, bool, bool)>();
+    auto [o, S, z] = op.call(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state);
+    return {o, S, z, at::Tensor()};
   }
 }
 
@@ -64,13 +69,13 @@ template <class Form>
 BackwardResult call_backward(const at::Tensor& dout, const OptTensor& o, const OptTensor& dS, const OptTensor& dz,
                              const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
                              const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
-                             std::string_view feature_map, bool normalize, int64_t chunk_size) {
+                             std::string_view feature_map, bool normalize, int64_t chunk_size, const OptTensor& den) {
   if constexpr (Form::kHasChunkSize) {
     static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Form::kBackward, "").template typed<
         BackwardResult(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, const at::Tensor&,
                        const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-                       double, double, std::string_view, bool, int64_t)>();
-    return op.call(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, chunk_size);
+                       double, double, std::string_view, bool, int64_t, const OptTensor&)>();
+    return op.call(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, chunk_size, den);
   } else {
     static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Form::kBackward, "").template typed<
         BackwardResult(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, const at::Tensor&,
@@ -95,10 +100,11 @@ struct BackwardFunction : torch::autograd::Function<BackwardFunction<Form>> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& dout, const OptTensor& o, const OptTensor& dS,
                                const OptTensor& dz, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const OptTensor& S0, const OptTensor& z0, const OptTensor& cu_seqlens, double scale,
-                               double eps, std::string_view feature_map, bool normalize, int64_t chunk_size) {
+                               double eps, std::string_view feature_map, bool normalize, int64_t chunk_size,
+                               const OptTensor& den) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [dq, dk, dv, dS0, dz0] = call_backward<Form>(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps,
-                                                      feature_map, normalize, chunk_size);
+                                                      feature_map, normalize, chunk_size, den);
     return {dq, dk, dv, dS0, dz0};
   }
 
@@ -114,17 +120,18 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const OptTensor& S0, const OptTensor& z0, const OptTensor& cu_seqlens, double scale,
                                double eps, std::string_view feature_map, bool normalize, bool output_final_state,
-                               int64_t chunk_size) {
+                               int64_t chunk_size, bool save_den) {
     ForwardResult out;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       out = call_forward<Form>(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
-                               chunk_size);
+                               chunk_size, save_den);
     }
     const at::Tensor& o = std::get<0>(out);
+    const at::Tensor& den = std::get<3>(out);
     const bool keep_o = normalize && q.is_cuda();
     ctx->save_for_backward({q, k, v, S0.value_or(at::Tensor()), z0.value_or(at::Tensor()),
-                            cu_seqlens.value_or(at::Tensor()), keep_o ? o : at::Tensor()});
+                            cu_seqlens.value_or(at::Tensor()), keep_o ? o : at::Tensor(), den});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["feature_map"] = std::string(feature_map);
@@ -133,7 +140,9 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
     ctx->saved_data["chunk_size"] = chunk_size;
     // Gradients of outputs the loss does not use stay undefined instead of being filled with zeros.
     ctx->set_materialize_grads(false);
-    return {o, std::get<1>(out), std::get<2>(out)};
+    if (!den.defined()) return {o, std::get<1>(out), std::get<2>(out)};
+    ctx->mark_non_differentiable({den});
+    return {o, std::get<1>(out), std::get<2>(out), den};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -153,9 +162,9 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
         dout, present(saved[6]), state_grad(grads[1], output_final_state),
         state_grad(grads[2], output_final_state && normalize), q, k, v, present(S0), present(z0), present(saved[5]),
         ctx->saved_data["scale"].toDouble(), ctx->saved_data["eps"].toDouble(), std::string_view(feature_map),
-        normalize, ctx->saved_data["chunk_size"].toInt());
+        normalize, ctx->saved_data["chunk_size"].toInt(), present(saved[7]));
     // One entry per forward argument: dq, dk, dv, the initial-state gradients, nothing for the rest.
-    variable_list result(12);
+    variable_list result(13);
     result[0] = g[0];
     result[1] = g[1];
     result[2] = g[2];
@@ -165,14 +174,23 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
   }
 };
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                         const OptTensor& S0, const OptTensor& z0,
-                                                         const OptTensor& cu_seqlens, double scale, double eps,
-                                                         std::string_view feature_map, bool normalize,
-                                                         bool output_final_state, int64_t chunk_size) {
+// Whether a gradient will flow back through this call: then the forward saves what the backward
+// can reuse (the denominators; the op decides where its kernels produce them).
+bool records_gradient(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
+                      const OptTensor& z0) {
+  auto wants_grad = [](const OptTensor& t) { return t.has_value() && t->requires_grad(); };
+  return torch::autograd::GradMode::is_enabled() &&
+         (q.requires_grad() || k.requires_grad() || v.requires_grad() || wants_grad(S0) || wants_grad(z0));
+}
+
+ForwardResult chunk_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
+                        const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
+                        std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size,
+                        bool save_den) {
+  save_den = save_den || (normalize && records_gradient(q, k, v, S0, z0));
   const variable_list out = SequenceFunction<ChunkForm>::apply(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
-                                                               normalize, output_final_state, chunk_size);
-  return {out[0], out[1], out[2]};
+                                                               normalize, output_final_state, chunk_size, save_den);
+  return {out[0], out[1], out[2], out[3]};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(const at::Tensor& q, const at::Tensor& k,
@@ -182,7 +200,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(const at::Tensor& q
                                                              bool normalize, bool output_final_state) {
   const variable_list out = SequenceFunction<RecurrentForm>::apply(q, k, v, S0, z0, cu_seqlens, scale, eps,
                                                                    feature_map, normalize, output_final_state,
-                                                                   int64_t{0});
+                                                                   int64_t{0}, false);
   return {out[0], out[1], out[2]};
 }
 
@@ -190,9 +208,9 @@ template <class Form>
 BackwardResult backward_op(const at::Tensor& dout, const OptTensor& o, const OptTensor& dS, const OptTensor& dz,
                            const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
                            const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
-                           std::string_view feature_map, bool normalize, int64_t chunk_size) {
+                           std::string_view feature_map, bool normalize, int64_t chunk_size, const OptTensor& den) {
   const variable_list g = BackwardFunction<Form>::apply(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps,
-                                                        feature_map, normalize, chunk_size);
+                                                        feature_map, normalize, chunk_size, den);
   return {g[0], g[1], g[2], g[3], g[4]};
 }
 
@@ -201,7 +219,7 @@ BackwardResult recurrent_bwd(const at::Tensor& dout, const OptTensor& o, const O
                              const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
                              std::string_view feature_map, bool normalize) {
   return backward_op<RecurrentForm>(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize,
-                                    0);
+                                    0, std::nullopt);
 }
 
 }  // namespace

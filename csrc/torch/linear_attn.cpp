@@ -147,10 +147,12 @@ at::Tensor allocate_workspace(LinearAttnParams& p, const at::Tensor& like) {
   return workspace;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
+// -> (o, S_final, z_final, den); den is the saved w = scale / den [B, T, H] float32 when save_den
+// and the forward's kernels write it (linear_attn_chunk_fwd_writes_den), else empty.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
     const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
-    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size,
+    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size, bool save_den,
     Launch launch, const char* op) {
   SequenceArgs a = sequence_args(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
                                  normalize, chunk_size, op);
@@ -167,16 +169,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
   p.o = mut_view(o);
   p.final_S = mut_data_or_null(S_final);
   p.final_z = mut_data_or_null(z_final);
+  const bool den_saved = save_den && linear_attn_chunk_fwd_writes_den(p);
+  at::Tensor den = at::empty({den_saved ? p.batch * p.seqlen * p.num_heads : 0}, q.options().dtype(at::kFloat));
+  if (den_saved) {
+    den = den.view({p.batch, p.seqlen, p.num_heads});
+    p.den_out = den.data_ptr();
+  }
   const at::Tensor workspace = allocate_workspace(p, q);
   check_status(launch(p), op);
-  return {o, S_final, z_final};
+  return {o, S_final, z_final, den};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& dout, const OptTensor& o, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize,
-    int64_t chunk_size, Launch launch, const char* op) {
+    int64_t chunk_size, const OptTensor& den, Launch launch, const char* op) {
   SequenceArgs a = sequence_args(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
                                  normalize, chunk_size, op);
   LinearAttnParams& p = a.params;
@@ -195,6 +203,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     check_unit_last_stride(*o, op, "o");
   } else {
     TORCH_CHECK_VALUE(!(normalize && q.is_cuda()), op, ": o (the forward output) is required with normalize=True");
+  }
+  // The forward's saved w (an empty tensor stands for "not saved", as the forward returns it).
+  if (den.has_value() && den->numel() > 0) {
+    check_same_device(*den, q, op, "den");
+    TORCH_CHECK_VALUE(normalize, op, ": den (the forward's saved denominators) must be None with normalize=False");
+    TORCH_CHECK_VALUE(den->scalar_type() == at::kFloat, op, ": den must be float32, got ", den->scalar_type());
+    check_exact_shape(*den, {p.batch, p.seqlen, p.num_heads}, op, "den");
+    TORCH_CHECK_VALUE(den->is_contiguous(), op, ": den must be contiguous");
+    p.den_in = den->data_ptr();
   }
   at::Tensor dS_final, dz_final;
   if (d_final_S.has_value()) dS_final = checked_state(*d_final_S, q, {N, Hkv, K, V}, op, "grad of final_state.S");
@@ -226,12 +243,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_fwd(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
     const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
-    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size) {
+    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size, bool save_den) {
   return forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
-                 output_final_state, chunk_size, chunk_linear_attn_fwd, "chunk_linear_attn");
+                 output_final_state, chunk_size, save_den, chunk_linear_attn_fwd, "chunk_linear_attn");
 }
 
 constexpr int64_t kRecurrentChunk = 1;
@@ -242,17 +259,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(
     std::string_view feature_map, bool normalize, bool output_final_state) {
   // chunk_size 1 (the recurrent form): the kernels ignore it, and the workspace query then leaves out
   // what only the chunked tensor-core sweeps use (their split partials and phi(q), phi(k)).
-  return forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
-                 output_final_state, kRecurrentChunk, recurrent_linear_attn_fwd, "recurrent_linear_attn");
+  auto [o, S, z, den] = forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
+                                output_final_state, kRecurrentChunk, false, recurrent_linear_attn_fwd,
+                                "recurrent_linear_attn");
+  return {o, S, z};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd(
     const at::Tensor& dout, const OptTensor& o, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize,
-    int64_t chunk_size) {
+    int64_t chunk_size, const OptTensor& den) {
   return backward(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
-                  feature_map, normalize, chunk_size, chunk_linear_attn_bwd, "chunk_linear_attn backward");
+                  feature_map, normalize, chunk_size, den, chunk_linear_attn_bwd, "chunk_linear_attn backward");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrent_bwd(
@@ -260,7 +279,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrent
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize) {
   return backward(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
-                  feature_map, normalize, kRecurrentChunk, recurrent_linear_attn_bwd, "recurrent_linear_attn backward");
+                  feature_map, normalize, kRecurrentChunk, std::nullopt, recurrent_linear_attn_bwd,
+                  "recurrent_linear_attn backward");
 }
 
 at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& S,

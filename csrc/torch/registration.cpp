@@ -11,12 +11,12 @@
 TORCH_LIBRARY(attnrnn, m) {
   m.def(
       "chunk_fwd(Tensor q, Tensor k, Tensor v, Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, "
-      "float scale, float eps, str feature_map, bool normalize, bool output_final_state, int chunk_size) "
-      "-> (Tensor, Tensor, Tensor)");
+      "float scale, float eps, str feature_map, bool normalize, bool output_final_state, int chunk_size, "
+      "bool save_den=False) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "chunk_bwd(Tensor dout, Tensor? o, Tensor? d_final_S, Tensor? d_final_z, Tensor q, Tensor k, Tensor v, "
       "Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, float scale, float eps, str feature_map, "
-      "bool normalize, int chunk_size) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "bool normalize, int chunk_size, Tensor? den=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "recurrent_fwd(Tensor q, Tensor k, Tensor v, Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, "
       "float scale, float eps, str feature_map, bool normalize, bool output_final_state) "

@@ -92,6 +92,10 @@ struct LinearAttnParams {
   const void* initial_z = nullptr;  // optional (normalize only)
   void* final_S = nullptr;          // optional forward output
   void* final_z = nullptr;          // optional forward output (normalize only)
+  // Optional forward output [B, T, H] float32, element (b * T + t) * H + h: w = scale / den of each
+  // (token, query head), for the backward (normalize only). Written only where
+  // linear_attn_chunk_fwd_writes_den(params) says so; set it to null elsewhere.
+  void* den_out = nullptr;
 
   // Backward.
   ConstView dout;
@@ -101,6 +105,9 @@ struct LinearAttnParams {
   const void* d_final_z = nullptr;
   void* d_initial_S = nullptr;      // optional outputs
   void* d_initial_z = nullptr;
+  // Optional: the forward's den_out. The CUDA tensor-core backward then reads the denominators
+  // instead of recomputing them in a sweep over the sequence; other backwards ignore it.
+  const void* den_in = nullptr;
 
   double scale = 1.0;
   double eps = 1e-6;
@@ -153,6 +160,10 @@ Status linear_attn_step(const LinearAttnStepParams& params);
 // Bytes of device scratch this call needs in params.workspace (0 on CPU): the forward's when
 // params.dout.data is null, else the backward's. Fill every other field first.
 int64_t linear_attn_workspace_bytes(const LinearAttnParams& params);
+
+// True when chunk_linear_attn_fwd writes params.den_out: CUDA, normalize, bf16 or fp16 inputs
+// (the dtypes whose backward can read it). Elsewhere den_out stays unwritten.
+bool linear_attn_chunk_fwd_writes_den(const LinearAttnParams& params);
 
 // True when the library was built with its CUDA kernels.
 bool built_with_cuda();

@@ -17,21 +17,26 @@
 
 namespace attnrnn::aten {
 
-// -> (o [B,T,H,V], S_final, z_final)
-std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_fwd(
+// -> (o [B,T,H,V], S_final, z_final, den). With save_den (and normalize), den is w = scale / den_t
+// [B,T,H] float32 of each (token, query head) where the forward's kernels produce it (the CUDA
+// tensor-core forwards), for chunk_bwd to read instead of recomputing; otherwise empty.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& initial_S, const std::optional<at::Tensor>& initial_z,
     const std::optional<at::Tensor>& cu_seqlens, double scale, double eps,
-    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size);
+    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size,
+    bool save_den = false);
 
-// o is the forward output (needed with normalize: the CUDA backward reads it instead of recomputing).
+// o is the forward output (needed with normalize: the CUDA backward reads it instead of recomputing);
+// den the forward's den output (optional; an empty tensor counts as absent).
 // -> (dq, dk, dv, d_initial_S, d_initial_z)
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd(
     const at::Tensor& dout, const std::optional<at::Tensor>& o, const std::optional<at::Tensor>& d_final_S,
     const std::optional<at::Tensor>& d_final_z, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const std::optional<at::Tensor>& initial_S,
     const std::optional<at::Tensor>& initial_z, const std::optional<at::Tensor>& cu_seqlens,
-    double scale, double eps, std::string_view feature_map, bool normalize, int64_t chunk_size);
+    double scale, double eps, std::string_view feature_map, bool normalize, int64_t chunk_size,
+    const std::optional<at::Tensor>& den = std::nullopt);
 
 // The token-by-token forms: same arguments without chunk_size.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(

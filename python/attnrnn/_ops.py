@@ -56,6 +56,11 @@ def _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_f
     return o, S, z
 
 
+def writes_den(q, normalize):
+    """Whether chunk_fwd(save_den=True) returns the denominators (linear_attn_chunk_fwd_writes_den)."""
+    return normalize and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+
+
 def _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, op):
     _check_sequence_args(q, k, v, cu_seqlens, op)
     dt = state_dtype(q)
@@ -66,9 +71,12 @@ def _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, op):
 
 @torch.library.register_fake("attnrnn::chunk_fwd")
 def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
-      chunk_size):
-    return _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state,
-                         "chunk_linear_attn")
+      chunk_size, save_den=False):
+    o, S, z = _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state,
+                            "chunk_linear_attn")
+    saved = save_den and writes_den(q, normalize)
+    den = q.new_empty(q.shape[:3] if saved else (0,), dtype=torch.float32)
+    return o, S, z, den
 
 
 @torch.library.register_fake("attnrnn::recurrent_fwd")
@@ -79,7 +87,7 @@ def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normal
 
 @torch.library.register_fake("attnrnn::chunk_bwd")
 def _(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
-      normalize, chunk_size):
+      normalize, chunk_size, den=None):
     return _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, "chunk_linear_attn backward")
 
 

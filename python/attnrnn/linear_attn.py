@@ -70,8 +70,9 @@ def _sequence_op(fwd, q, k, v, scale, normalize, feature_map, eps, initial_state
         _check_tensor(cu_seqlens, "cu_seqlens")
     q, k, fm = _feature_map(q, k, feature_map)
     S0, z0 = _split_state(initial_state, normalize, "initial_state")
+    # chunk_fwd also returns the denominators it saved for the backward (autograd keeps them)
     o, S, z = fwd(q, k, v, S0, z0, cu_seqlens, _scale(scale, q.shape[-1]), float(eps), fm, bool(normalize),
-                  bool(output_final_state), *extra)
+                  bool(output_final_state), *extra)[:3]
     if not output_final_state:
         return o, None
     return o, LinearAttnState(S, z if normalize else None)

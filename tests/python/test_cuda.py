@@ -39,6 +39,49 @@ def test_tensor_core_path_meets_rules(ar, ref, case):
     check_all(ours, base, ref64, case.dtype)
 
 
+# The forward's saved denominators (chunk_fwd save_den, which autograd asks for) against a float64
+# oracle, and the backward reading them against the backward's own den sweep (den=None). The
+# generic-path case (K 48, V 40) saves them too, and its backward ignores them.
+SAVED_DEN_CASES = [c for c in TENSOR_CORE_CASES if c.normalize] + [
+    Case(1, 150, 4, 48, bf16, Hkv=2, V=40, seqlens=(0, 70, 80), initial_state=True),
+]
+
+
+def _w_oracle(case, inp, scale, eps=1e-6):
+    """w = scale / (scale * phi(q) . z_t + eps) in float64, z_t = z0 + the keys up to t of t's sequence."""
+    phi = {None: lambda x: x, "relu": torch.relu, "elu1": lambda x: torch.nn.functional.elu(x) + 1}[case.feature_map]
+    q, k = phi(inp["q"].double()), phi(inp["k"].double())
+    k = k.repeat_interleave(case.H // case.Hkv, dim=2)
+    bounds = inp["cu_seqlens"].tolist() if "cu_seqlens" in inp else None
+    z = torch.zeros_like(k)
+    for n in range(case.N):
+        b, lo, hi = (0, bounds[n], bounds[n + 1]) if bounds else (n, 0, case.T)
+        z[b, lo:hi] = k[b, lo:hi].cumsum(0)
+        if "z0" in inp:
+            z[b, lo:hi] += inp["z0"][n].double().repeat_interleave(case.H // case.Hkv, dim=0)
+    return scale / (scale * (q * z).sum(-1) + eps)
+
+
+@pytest.mark.parametrize("case", SAVED_DEN_CASES, ids=lambda c: c.id)
+def test_saved_denominators_give_the_den_sweeps_gradients(ar, case):
+    inp = make_inputs(case, "cuda", positive=case.feature_map is None)
+    ops = torch.ops.attnrnn
+    scale, fm = case.K ** -0.5, case.feature_map or "identity"
+    S0, z0, cu = inp.get("S0"), inp.get("z0"), inp.get("cu_seqlens")
+    o, _, _, den = ops.chunk_fwd(inp["q"], inp["k"], inp["v"], S0, z0, cu, scale, 1e-6, fm, True,
+                                 case.final_state, 0, True)
+    assert den.shape == (case.B, case.T, case.H)
+    w_ref = _w_oracle(case, inp, scale)
+    assert ((den.double() - w_ref).abs() / w_ref.abs()).max().item() < 1e-3
+    args = (inp["do"], o, inp.get("dS"), inp.get("dz"), inp["q"], inp["k"], inp["v"], S0, z0, cu, scale, 1e-6, fm,
+            True, 0)
+    swept, saved = ops.chunk_bwd(*args), ops.chunk_bwd(*args, den)
+    for name, a, b in zip(("dq", "dk", "dv", "dS0", "dz0"), saved, swept):
+        assert torch.isfinite(a).all(), name
+        if a.numel():
+            assert relative_rms(a, b) < 2e-3, name
+
+
 # ATTNRNN_TC_SEGMENTS (the tile sweep's knob, read once per process) forces the two-pass split.
 _FORCED_SPLIT_RUN = """
 import sys, torch

@@ -250,3 +250,34 @@ FAKE_CASES = [
 @pytest.mark.parametrize("name,build,regex", [pytest.param(*c[1:], id=c[0]) for c in FAKE_CASES])
 def test_fake_kernel_raises_the_named_error_of_the_real_op(ar, name, build, regex):
     assert_fake_kernel_raises_like_the_op(name, build, regex)
+
+
+# ---- the backward's den argument (the forward's saved denominators) -------------------------------
+
+def _den_bwd_call(den, normalize=True):
+    """chunk_bwd on valid tensors (B 2, T 8, H 4, Hkv 2, K 16, V 8) with the given den."""
+    q, k, v = torch.randn(2, 8, 4, 16), torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 8)
+    dout = torch.randn(2, 8, 4, 8)
+    o = torch.randn(2, 8, 4, 8)
+    return torch.ops.attnrnn.chunk_bwd(dout, o, None, None, q, k, v, None, None, None, 0.25, 1e-6, "elu1",
+                                       normalize, 0, den)
+
+
+@pytest.mark.parametrize("den,normalize,regex", [
+    pytest.param(torch.ones(2, 8, 4, dtype=torch.float64), True, r"den must be float32", id="fp64"),
+    pytest.param(torch.ones(2, 8, 3), True, r"den must have shape", id="wrong-heads"),
+    pytest.param(torch.ones(2, 4, 8).transpose(1, 2), True, r"den must be contiguous", id="strided"),
+    pytest.param(torch.ones(2, 8, 4), False, r"den .*must be None with normalize=False", id="unnormalized"),
+])
+def test_chunk_bwd_rejects_a_bad_den(ar, den, normalize, regex):
+    with pytest.raises(ValueError, match=regex):
+        _den_bwd_call(den, normalize)
+
+
+def test_chunk_bwd_treats_an_empty_den_as_absent(ar):
+    torch.manual_seed(0)
+    with_empty = _den_bwd_call(torch.empty(0))
+    torch.manual_seed(0)
+    without = _den_bwd_call(None)
+    for a, b in zip(with_empty, without):
+        assert torch.equal(a, b)

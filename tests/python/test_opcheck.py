@@ -71,3 +71,13 @@ def test_opcheck(ar, recorded, device, name):
             args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
                          else a for a in args)
         torch.library.opcheck(func, args, kwargs)
+
+
+@pytest.mark.parametrize("dtype,normalize", [(torch.bfloat16, True), (torch.float32, True), (torch.bfloat16, False)],
+                         ids=["bf16-norm", "fp32-norm", "bf16-unnorm"])
+def test_chunk_fwd_saves_denominators_only_where_its_backward_reads_them(ar, device, dtype, normalize):
+    q, k, v = (torch.randn(1, 10, 2, 16, device=device, dtype=dtype) for _ in range(3))
+    den = torch.ops.attnrnn.chunk_fwd(q, k, v, None, None, None, 0.25, 1e-6, "elu1", normalize, False, 0, True)[3]
+    saved = device == "cuda" and normalize and dtype == torch.bfloat16
+    assert den.dtype == torch.float32
+    assert den.shape == ((1, 10, 2) if saved else (0,))
