@@ -3,6 +3,7 @@
 // exception. No math lives here.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
@@ -170,7 +171,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
   p.final_S = mut_data_or_null(S_final);
   p.final_z = mut_data_or_null(z_final);
   const bool den_saved = save_den && linear_attn_chunk_fwd_writes_den(p);
-  at::Tensor den = at::empty({den_saved ? p.batch * p.seqlen * p.num_heads : 0}, q.options().dtype(at::kFloat));
+  // Packed sequences may leave tokens uncovered (before cu_seqlens[0], after cu_seqlens[N]): zeros there.
+  const int64_t den_rows = den_saved ? p.batch * p.seqlen * p.num_heads : 0;
+  at::Tensor den = a.cu_seqlens.defined() ? at::zeros({den_rows}, q.options().dtype(at::kFloat))
+                                          : at::empty({den_rows}, q.options().dtype(at::kFloat));
   if (den_saved) {
     den = den.view({p.batch, p.seqlen, p.num_heads});
     p.den_out = den.data_ptr();

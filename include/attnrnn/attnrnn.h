@@ -93,8 +93,8 @@ struct LinearAttnParams {
   void* final_S = nullptr;          // optional forward output
   void* final_z = nullptr;          // optional forward output (normalize only)
   // Optional forward output [B, T, H] float32, element (b * T + t) * H + h: w = scale / den of each
-  // (token, query head), for the backward (normalize only). Written only where
-  // linear_attn_chunk_fwd_writes_den(params) says so; set it to null elsewhere.
+  // (token, query head), for the backward (normalize only). Set it only where
+  // linear_attn_chunk_fwd_writes_den(params) is true; elsewhere it may stay unwritten.
   void* den_out = nullptr;
 
   // Backward.

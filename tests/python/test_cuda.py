@@ -48,9 +48,12 @@ SAVED_DEN_CASES = [c for c in TENSOR_CORE_CASES if c.normalize] + [
 
 
 def _w_oracle(case, inp, scale, eps=1e-6):
-    """w = scale / (scale * phi(q) . z_t + eps) in float64, z_t = z0 + the keys up to t of t's sequence."""
+    """w = scale / (scale * phi(q) . z_t + eps) in float64, z_t = z0 + the keys up to t of t's sequence.
+    The tensor-core forwards round phi(q), phi(k) to the input dtype (their operands); so does this."""
     phi = {None: lambda x: x, "relu": torch.relu, "elu1": lambda x: torch.nn.functional.elu(x) + 1}[case.feature_map]
-    q, k = phi(inp["q"].double()), phi(inp["k"].double())
+    tensor_core = case.K in (64, 128) and case.V % 64 == 0
+    features = (lambda x: phi(x.float()).to(case.dtype).double()) if tensor_core else (lambda x: phi(x.double()))
+    q, k = features(inp["q"]), features(inp["k"])
     k = k.repeat_interleave(case.H // case.Hkv, dim=2)
     bounds = inp["cu_seqlens"].tolist() if "cu_seqlens" in inp else None
     z = torch.zeros_like(k)
