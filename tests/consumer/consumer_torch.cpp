@@ -38,11 +38,12 @@ int main() {
     at::Tensor o;
     if (chunk) {
       static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("attnrnn::chunk_fwd", "").typed<
-          std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+          std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
               const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
               const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, double, c10::string_view,
-              bool, bool, int64_t)>();
-      o = std::get<0>(op.call(qg, kg, vg, std::nullopt, std::nullopt, std::nullopt, 0.25, 1e-6, "elu1", true, false, 16));
+              bool, bool, int64_t, bool)>();
+      o = std::get<0>(
+          op.call(qg, kg, vg, std::nullopt, std::nullopt, std::nullopt, 0.25, 1e-6, "elu1", true, false, 16, false));
     } else {
       static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("attnrnn::recurrent_fwd", "").typed<
           std::tuple<at::Tensor, at::Tensor, at::Tensor>(
