@@ -13,6 +13,9 @@
 //             segment split; WgLayout)
 //   den       with normalize, the backward's w and dd come from the forward's saved w when it is
 //             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
+//   overlap   the backward's dq, dk and dv sweeps run at once (dk and dv on two side streams
+//             forked from and joined into the call's stream; ATTNRNN_BWD_CONCURRENT=0 keeps them
+//             in one stream), each with its own pass-1 partials (BwdPartials)
 //
 // Tile table of the generic path (256 threads per block, CUDA-core FMAs):
 //   forward   BV = min(64, V) value columns per block; chunk C = the largest power of two <= the
@@ -158,6 +161,16 @@ Status launch_tc(const LinearAttnParams& p, int64_t inner, float* partial, const
 
 bool wgmma_device();
 
+// Two side streams of the current device, forked from `main` by an event and joined back into it
+// (linear_attn.cu). forked stays false where side streams cannot be had (ATTNRNN_BWD_CONCURRENT=0,
+// or a first use inside a stream capture): the sweeps then all run on main.
+struct SweepFork {
+  bool forked = false;
+  cudaStream_t side[2] = {nullptr, nullptr};
+};
+Status fork_sweeps(void* main, SweepFork& fork);
+Status join_sweeps(void* main, const SweepFork& fork);
+
 // The wgmma sweeps (chunk_wg.cuh) take the tensor-core forward's K = 64 and K = 128 shapes and the
 // backward's dq, dk and dv sweeps (K, V in {64, 128}; the den sweep stays on mma.sync) on sm_90a
 // builds and devices, with phi(q), phi(k) from the workspace when there is a feature map (without a
@@ -214,20 +227,30 @@ inline int64_t token_scalar_bytes(const LinearAttnParams& p, bool backward) {
 inline bool tensor_core_sweep(const LinearAttnParams& p, bool backward) {
   return backward ? tensor_core_backward(p, false) : tensor_core_forward(p, false);
 }
-inline int64_t partial_bytes(const LinearAttnParams& p, bool backward) {
+// The backward's pass-1 partials: one region per sweep, because dq, dk and dv may run at the same
+// time (launch_chunk_bwd_tc): [den, then dq][dk][dv] (the den sweep finishes before the others start).
+struct BwdPartials {
+  int64_t dk_offset, dv_offset, dv_bytes;  // bytes from the partials' start
+};
+inline BwdPartials bwd_partials(const LinearAttnParams& p) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
+  const bool wg = wgmma_planned(p, true);
+  const int64_t den = p.normalize ? tc_partial_floats_of<TcRole::kDen>(p, K) : 0;
+  const int64_t dq = wg ? wg_partial_floats_of<TcRole::kGradQ>(p, V) : tc_partial_floats_of<TcRole::kGradQ>(p, V);
+  const int64_t dk = wg ? wg_partial_floats_of<TcRole::kGradK>(p, V) : tc_partial_floats_of<TcRole::kGradK>(p, V);
+  const int64_t dv = wg ? wg_partial_floats_of<TcRole::kGradV>(p, K) : tc_partial_floats_of<TcRole::kGradV>(p, K);
+  const int64_t dk_offset = round256(4 * std::max(den, dq));
+  return BwdPartials{dk_offset, dk_offset + round256(4 * dk), 4 * dv};
+}
+inline int64_t partial_bytes(const LinearAttnParams& p, bool backward) {
+  const int64_t K = p.head_dim_k;
   if (!tensor_core_sweep(p, backward)) return 0;
   if (!backward) {
     if (wgmma_planned(p, false)) return wg_partial_floats_of<TcRole::kForward>(p, K) * 4;
     return tc_partial_floats_of<TcRole::kForward>(p, K) * 4;
   }
-  if (wgmma_planned(p, true))
-    return 4 * std::max({p.normalize ? tc_partial_floats_of<TcRole::kDen>(p, K) : 0,
-                         wg_partial_floats_of<TcRole::kGradQ>(p, V), wg_partial_floats_of<TcRole::kGradK>(p, V),
-                         wg_partial_floats_of<TcRole::kGradV>(p, K)});
-  return 4 * std::max({p.normalize ? tc_partial_floats_of<TcRole::kDen>(p, K) : 0,
-                       tc_partial_floats_of<TcRole::kGradQ>(p, V), tc_partial_floats_of<TcRole::kGradK>(p, V),
-                       tc_partial_floats_of<TcRole::kGradV>(p, K)});
+  const BwdPartials r = bwd_partials(p);
+  return r.dv_offset + r.dv_bytes;
 }
 inline int64_t feature_elems(const LinearAttnParams& p, int64_t heads) { return p.batch * p.seqlen * heads * p.head_dim_k; }
 inline int64_t feature_bytes(const LinearAttnParams& p, bool backward) {
@@ -301,16 +324,36 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
     s = p.den_in != nullptr ? launch_dd<T>(p)
                             : launch_tc<T, TcRole::kDen>(p, K, partial, feat, "chunk_linear_attn backward (denominators)");
   if (s != Status::kSuccess) return s;
+  // dq, dk and dv read the same inputs and write disjoint outputs (each its own partials): dk and dv
+  // run on two side streams forked from p.stream and joined back into it, so that at shapes whose
+  // blocks leave SMs idle the three sweeps' step chains overlap instead of following each other.
+  const BwdPartials r = bwd_partials(p);
+  char* base = reinterpret_cast<char*>(partial);
+  LinearAttnParams on_side[2] = {p, p};
+  SweepFork fork;
+  s = fork_sweeps(p.stream, fork);
+  if (s != Status::kSuccess) return s;
+  if (fork.forked) {
+    on_side[0].stream = fork.side[0];
+    on_side[1].stream = fork.side[1];
+  }
+  float* dk_partial = reinterpret_cast<float*>(base + r.dk_offset);
+  float* dv_partial = reinterpret_cast<float*>(base + r.dv_offset);
   if (wgmma_sweeps(p, true, feat)) {
     s = launch_wg<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq, wgmma)");
-    if (s == Status::kSuccess) s = launch_wg<T, TcRole::kGradK>(p, V, partial, feat, "chunk_linear_attn backward (dk, wgmma)");
-    if (s == Status::kSuccess) s = launch_wg<T, TcRole::kGradV>(p, K, partial, feat, "chunk_linear_attn backward (dv, wgmma)");
-    return s;
+    if (s == Status::kSuccess)
+      s = launch_wg<T, TcRole::kGradK>(on_side[0], V, dk_partial, feat, "chunk_linear_attn backward (dk, wgmma)");
+    if (s == Status::kSuccess)
+      s = launch_wg<T, TcRole::kGradV>(on_side[1], K, dv_partial, feat, "chunk_linear_attn backward (dv, wgmma)");
+  } else {
+    s = launch_tc<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq)");
+    if (s == Status::kSuccess)
+      s = launch_tc<T, TcRole::kGradK>(on_side[0], V, dk_partial, feat, "chunk_linear_attn backward (dk)");
+    if (s == Status::kSuccess)
+      s = launch_tc<T, TcRole::kGradV>(on_side[1], K, dv_partial, feat, "chunk_linear_attn backward (dv)");
   }
-  s = launch_tc<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq)");
-  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradK>(p, V, partial, feat, "chunk_linear_attn backward (dk)");
-  if (s == Status::kSuccess) s = launch_tc<T, TcRole::kGradV>(p, K, partial, feat, "chunk_linear_attn backward (dv)");
-  return s;
+  const Status joined = join_sweeps(p.stream, fork);  // always: a capture must not end with a fork open
+  return s != Status::kSuccess ? s : joined;
 }
 
 template <class T>

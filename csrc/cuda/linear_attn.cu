@@ -1,6 +1,8 @@
 // CUDA entry points of the linear-attention ops: pick the input type, then the launcher of
 // launch.cuh (whose instantiations live in instantiations/*.cu).
 #include <atomic>
+#include <cstdlib>
+#include <mutex>
 
 #include "launch.cuh"
 #include "launch_decls.h"
@@ -32,6 +34,88 @@ int max_dynamic_smem() {
 bool wgmma_device() { return cached_attribute(cudaDevAttrComputeCapabilityMajor, major_cache, 0) == 9; }
 
 int sm_count() { return cached_attribute(cudaDevAttrMultiProcessorCount, sm_count_cache, 1); }
+
+namespace {
+// The backward's side streams, two per device, made on first use and kept for the process (as
+// library handles are): creating streams per call would cost more than the overlap gains.
+std::mutex side_streams_mutex;
+cudaStream_t side_streams_cache[kCachedDevices][2];
+
+bool concurrent_sweeps_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ATTNRNN_BWD_CONCURRENT");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  return enabled;
+}
+
+// The side streams of the current device; false (and no error) where they cannot be had.
+bool side_streams(cudaStream_t main, cudaStream_t (&out)[2]) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kCachedDevices) {
+    cudaGetLastError();
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(side_streams_mutex);
+  cudaStream_t* cached = side_streams_cache[device];
+  if (cached[0] == nullptr) {
+    // Not inside a stream capture: making a stream is no captured operation, but keep the first
+    // use outside one (the sweeps then run on main for that call).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(main, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+      cudaGetLastError();
+      return false;
+    }
+    cudaStream_t made[2] = {nullptr, nullptr};
+    for (cudaStream_t& stream : made) {
+      if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+        cudaGetLastError();
+        for (cudaStream_t m : made)
+          if (m != nullptr) cudaStreamDestroy(m);
+        return false;
+      }
+    }
+    cached[0] = made[0];
+    cached[1] = made[1];
+  }
+  out[0] = cached[0];
+  out[1] = cached[1];
+  return true;
+}
+
+// `to` waits for the work enqueued on `from` so far (an event per call: events shared between
+// host threads could hand one thread's fork to another's wait).
+cudaError_t stream_waits_for(cudaStream_t to, cudaStream_t from) {
+  cudaEvent_t event;
+  cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (err != cudaSuccess) return err;
+  err = cudaEventRecord(event, from);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(to, event, 0);
+  cudaEventDestroy(event);  // released once the recorded work completes
+  return err;
+}
+}  // namespace
+
+Status fork_sweeps(void* main_ptr, SweepFork& fork) {
+  fork = SweepFork{};
+  cudaStream_t main = static_cast<cudaStream_t>(main_ptr);
+  if (!concurrent_sweeps_enabled() || !side_streams(main, fork.side)) return Status::kSuccess;
+  for (cudaStream_t side : fork.side) {
+    const cudaError_t err = stream_waits_for(side, main);
+    if (err != cudaSuccess) return fail(Status::kDeviceError, "chunk_linear_attn backward (fork): %s", cudaGetErrorString(err));
+  }
+  fork.forked = true;
+  return Status::kSuccess;
+}
+
+Status join_sweeps(void* main_ptr, const SweepFork& fork) {
+  if (!fork.forked) return Status::kSuccess;
+  for (cudaStream_t side : fork.side) {
+    const cudaError_t err = stream_waits_for(static_cast<cudaStream_t>(main_ptr), side);
+    if (err != cudaSuccess) return fail(Status::kDeviceError, "chunk_linear_attn backward (join): %s", cudaGetErrorString(err));
+  }
+  return Status::kSuccess;
+}
 
 int64_t workspace_bytes(const LinearAttnParams& p) { return workspace_bytes_for(p, p.dout.data != nullptr); }
 

@@ -200,6 +200,57 @@ def test_ops_run_on_the_current_stream(ar):
     assert torch.equal(got, expected)
 
 
+# ATTNRNN_BWD_CONCURRENT=0 (read once per process) runs the backward's dq, dk and dv sweeps one
+# after another on the call's stream instead of overlapping them on side streams.
+_ONE_STREAM_RUN = """
+import sys, torch
+sys.path[:0] = sys.argv[2:]
+import attnrnn
+from cases import Case, make_inputs, run
+from test_cuda import OVERLAP_CASES
+torch.save([{k: v.cpu() for k, v in run(attnrnn.chunk_linear_attn, c, make_inputs(c, "cuda")).items()}
+            for c in OVERLAP_CASES], sys.argv[1])
+"""
+OVERLAP_CASES = [
+    Case(2, 300, 4, 64, bf16, Hkv=2, initial_state=True, final_state=True),
+    Case(1, 3000, 2, 128, bf16, V=64, feature_map=None, normalize=False),  # two-pass sweeps
+]
+
+
+def test_backward_sweeps_overlapped_or_in_one_stream_agree_bitwise(ar, tmp_path):
+    path = tmp_path / "one_stream.pt"
+    env = dict(os.environ, ATTNRNN_BWD_CONCURRENT="0")
+    subprocess.run([sys.executable, "-c", _ONE_STREAM_RUN, str(path), *sys.path], env=env, check=True)
+    for case, one_stream in zip(OVERLAP_CASES, torch.load(path)):
+        overlapped = run(ar.chunk_linear_attn, case, make_inputs(case, "cuda"))
+        for name, x in overlapped.items():
+            assert torch.equal(x.cpu(), one_stream[name]), f"{case.id}: {name}"
+
+
+def test_forward_backward_under_cuda_graph_replay(ar):
+    q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=bf16).requires_grad_() for _ in range(3))
+    do = torch.randn(2, 300, 4, 64, device="cuda", dtype=bf16)
+
+    def step():
+        o, _ = ar.chunk_linear_attn(q, k, v, feature_map="elu1")
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graph asks
+        for _ in range(2):
+            expected = step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = step()
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(got, expected):
+            assert torch.equal(a, b)
+
+
 def test_decode_step_under_cuda_graph_replay(ar):
     B, H, K = 8, 4, 64
     S = torch.zeros(B, H, K, K, device="cuda")
