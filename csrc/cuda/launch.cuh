@@ -162,10 +162,10 @@ Status launch_tc(const LinearAttnParams& p, int64_t inner, float* partial, const
 bool wgmma_device();
 
 // Two side streams of the current device, forked from `main` by an event and joined back into it
-// (linear_attn.cu). forked stays false where side streams cannot be had (ATTNRNN_BWD_CONCURRENT=0,
-// or a first use inside a stream capture): the sweeps then all run on main.
+// (linear_attn.cu). The fork reaches no side stream (sides == 0) with ATTNRNN_BWD_CONCURRENT=0,
+// inside a stream capture, or where side streams cannot be made: the sweeps then all run on main.
 struct SweepFork {
-  bool forked = false;
+  int sides = 0;  // side streams that wait for main: side[0, sides)
   cudaStream_t side[2] = {nullptr, nullptr};
 };
 Status fork_sweeps(void* main, SweepFork& fork);
@@ -332,26 +332,29 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   LinearAttnParams on_side[2] = {p, p};
   SweepFork fork;
   s = fork_sweeps(p.stream, fork);
-  if (s != Status::kSuccess) return s;
-  if (fork.forked) {
+  if (s == Status::kSuccess && fork.sides == 2) {
     on_side[0].stream = fork.side[0];
     on_side[1].stream = fork.side[1];
   }
   float* dk_partial = reinterpret_cast<float*>(base + r.dk_offset);
   float* dv_partial = reinterpret_cast<float*>(base + r.dv_offset);
-  if (wgmma_sweeps(p, true, feat)) {
-    s = launch_wg<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq, wgmma)");
-    if (s == Status::kSuccess)
-      s = launch_wg<T, TcRole::kGradK>(on_side[0], V, dk_partial, feat, "chunk_linear_attn backward (dk, wgmma)");
-    if (s == Status::kSuccess)
-      s = launch_wg<T, TcRole::kGradV>(on_side[1], K, dv_partial, feat, "chunk_linear_attn backward (dv, wgmma)");
-  } else {
-    s = launch_tc<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq)");
-    if (s == Status::kSuccess)
-      s = launch_tc<T, TcRole::kGradK>(on_side[0], V, dk_partial, feat, "chunk_linear_attn backward (dk)");
-    if (s == Status::kSuccess)
-      s = launch_tc<T, TcRole::kGradV>(on_side[1], K, dv_partial, feat, "chunk_linear_attn backward (dv)");
-  }
+  auto sweeps = [&]() {
+    if (wgmma_sweeps(p, true, feat)) {
+      Status t = launch_wg<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq, wgmma)");
+      if (t == Status::kSuccess)
+        t = launch_wg<T, TcRole::kGradK>(on_side[0], V, dk_partial, feat, "chunk_linear_attn backward (dk, wgmma)");
+      if (t == Status::kSuccess)
+        t = launch_wg<T, TcRole::kGradV>(on_side[1], K, dv_partial, feat, "chunk_linear_attn backward (dv, wgmma)");
+      return t;
+    }
+    Status t = launch_tc<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq)");
+    if (t == Status::kSuccess)
+      t = launch_tc<T, TcRole::kGradK>(on_side[0], V, dk_partial, feat, "chunk_linear_attn backward (dk)");
+    if (t == Status::kSuccess)
+      t = launch_tc<T, TcRole::kGradV>(on_side[1], K, dv_partial, feat, "chunk_linear_attn backward (dv)");
+    return t;
+  };
+  if (s == Status::kSuccess) s = sweeps();
   const Status joined = join_sweeps(p.stream, fork);  // always: a capture must not end with a fork open
   return s != Status::kSuccess ? s : joined;
 }

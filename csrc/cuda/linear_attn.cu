@@ -50,7 +50,7 @@ bool concurrent_sweeps_enabled() {
 }
 
 // The side streams of the current device; false (and no error) where they cannot be had.
-bool side_streams(cudaStream_t main, cudaStream_t (&out)[2]) {
+bool side_streams(cudaStream_t (&out)[2]) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kCachedDevices) {
     cudaGetLastError();
@@ -59,13 +59,6 @@ bool side_streams(cudaStream_t main, cudaStream_t (&out)[2]) {
   std::lock_guard<std::mutex> lock(side_streams_mutex);
   cudaStream_t* cached = side_streams_cache[device];
   if (cached[0] == nullptr) {
-    // Not inside a stream capture: making a stream is no captured operation, but keep the first
-    // use outside one (the sweeps then run on main for that call).
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(main, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
-      cudaGetLastError();
-      return false;
-    }
     cudaStream_t made[2] = {nullptr, nullptr};
     for (cudaStream_t& stream : made) {
       if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
@@ -83,37 +76,59 @@ bool side_streams(cudaStream_t main, cudaStream_t (&out)[2]) {
   return true;
 }
 
-// `to` waits for the work enqueued on `from` so far (an event per call: events shared between
-// host threads could hand one thread's fork to another's wait).
+// True unless `stream` is certainly not being captured into a CUDA graph (an error, such as the
+// legacy stream's while another stream captures, counts as capturing).
+bool maybe_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  return capture != cudaStreamCaptureStatusNone;
+}
+
+// `to` waits for what is enqueued on `from` so far (an event per call: events shared between host
+// threads could hand one thread's fork to another's wait; destroying it right after the wait is
+// allowed, the wait keeps what was recorded).
 cudaError_t stream_waits_for(cudaStream_t to, cudaStream_t from) {
   cudaEvent_t event;
   cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
   if (err != cudaSuccess) return err;
   err = cudaEventRecord(event, from);
   if (err == cudaSuccess) err = cudaStreamWaitEvent(to, event, 0);
-  cudaEventDestroy(event);  // released once the recorded work completes
+  cudaEventDestroy(event);
   return err;
 }
 }  // namespace
 
+// Inside a stream capture the sweeps stay on the captured stream: streams forked into a capture
+// remain part of it until it ends, so shared side streams would tie other host threads' eager
+// calls (or a second capture) to this graph.
 Status fork_sweeps(void* main_ptr, SweepFork& fork) {
   fork = SweepFork{};
   cudaStream_t main = static_cast<cudaStream_t>(main_ptr);
-  if (!concurrent_sweeps_enabled() || !side_streams(main, fork.side)) return Status::kSuccess;
-  for (cudaStream_t side : fork.side) {
-    const cudaError_t err = stream_waits_for(side, main);
-    if (err != cudaSuccess) return fail(Status::kDeviceError, "chunk_linear_attn backward (fork): %s", cudaGetErrorString(err));
+  cudaStream_t side[2];
+  if (!concurrent_sweeps_enabled() || maybe_capturing(main) || !side_streams(side)) return Status::kSuccess;
+  cudaEvent_t forked = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&forked, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = cudaEventRecord(forked, main);
+  for (int i = 0; i < 2 && err == cudaSuccess; ++i) {
+    err = cudaStreamWaitEvent(side[i], forked, 0);
+    if (err == cudaSuccess) fork.side[fork.sides++] = side[i];
   }
-  fork.forked = true;
+  if (forked != nullptr) cudaEventDestroy(forked);
+  if (err != cudaSuccess) return fail(Status::kDeviceError, "chunk_linear_attn backward (fork): %s", cudaGetErrorString(err));
   return Status::kSuccess;
 }
 
+// Joins every side stream the fork reached, even after an error on one of them.
 Status join_sweeps(void* main_ptr, const SweepFork& fork) {
-  if (!fork.forked) return Status::kSuccess;
-  for (cudaStream_t side : fork.side) {
-    const cudaError_t err = stream_waits_for(static_cast<cudaStream_t>(main_ptr), side);
-    if (err != cudaSuccess) return fail(Status::kDeviceError, "chunk_linear_attn backward (join): %s", cudaGetErrorString(err));
+  cudaError_t first = cudaSuccess;
+  for (int i = 0; i < fork.sides; ++i) {
+    const cudaError_t err = stream_waits_for(static_cast<cudaStream_t>(main_ptr), fork.side[i]);
+    if (first == cudaSuccess) first = err;
   }
+  if (first != cudaSuccess) return fail(Status::kDeviceError, "chunk_linear_attn backward (join): %s", cudaGetErrorString(first));
   return Status::kSuccess;
 }
 

@@ -201,8 +201,9 @@ def test_ops_run_on_the_current_stream(ar):
 
 
 # ATTNRNN_BWD_CONCURRENT=0 (read once per process) runs the backward's dq, dk and dv sweeps one
-# after another on the call's stream instead of overlapping them on side streams.
-_ONE_STREAM_RUN = """
+# after another on the call's stream instead of overlapping them on side streams; ATTNRNN_TC_WGMMA
+# picks the wgmma sweeps (3) or the mma.sync ones (1: the forward only on wgmma).
+_SWEEPS_RUN = """
 import sys, torch
 sys.path[:0] = sys.argv[2:]
 import attnrnn
@@ -217,14 +218,19 @@ OVERLAP_CASES = [
 ]
 
 
-def test_backward_sweeps_overlapped_or_in_one_stream_agree_bitwise(ar, tmp_path):
-    path = tmp_path / "one_stream.pt"
-    env = dict(os.environ, ATTNRNN_BWD_CONCURRENT="0")
-    subprocess.run([sys.executable, "-c", _ONE_STREAM_RUN, str(path), *sys.path], env=env, check=True)
-    for case, one_stream in zip(OVERLAP_CASES, torch.load(path)):
-        overlapped = run(ar.chunk_linear_attn, case, make_inputs(case, "cuda"))
-        for name, x in overlapped.items():
-            assert torch.equal(x.cpu(), one_stream[name]), f"{case.id}: {name}"
+def _sweeps_in_subprocess(path, **env):
+    subprocess.run([sys.executable, "-c", _SWEEPS_RUN, str(path), *sys.path], env=dict(os.environ, **env),
+                   check=True)
+    return torch.load(path)
+
+
+@pytest.mark.parametrize("wgmma", ["3", "1"], ids=["wgmma-sweeps", "mma-sync-sweeps"])
+def test_backward_sweeps_overlapped_or_in_one_stream_agree_bitwise(ar, tmp_path, wgmma):
+    overlapped = _sweeps_in_subprocess(tmp_path / "overlapped.pt", ATTNRNN_BWD_CONCURRENT="1", ATTNRNN_TC_WGMMA=wgmma)
+    one_stream = _sweeps_in_subprocess(tmp_path / "one.pt", ATTNRNN_BWD_CONCURRENT="0", ATTNRNN_TC_WGMMA=wgmma)
+    for case, a, b in zip(OVERLAP_CASES, overlapped, one_stream):
+        for name in a:
+            assert torch.equal(a[name], b[name]), f"{case.id}: {name}"
 
 
 def test_forward_backward_under_cuda_graph_replay(ar):
