@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The GPU machine's whole job in one call: build attnrnn with CUDA, run the test suite on CUDA,
 # optionally compute-sanitizer and the benchmarks. Logs and JSON go to $OUT (default ./out).
-#   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [wgmma] [bench] [fla] [multigpu]
+#   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [wgmma] [overlap] [bench] [fla] [multigpu]
 # TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python; SANITIZE_TOOLS and
 # SANITIZE_K ("-k" expression) limit "sanitize". "sweep" times the tensor-core scan at the training
 # shapes with the library's segment rule and a forced split; "wgmma" the same with the wgmma sweeps
-# off, the forward only, and forward and backward. "fla" installs
+# off, the forward only, and forward and backward; "overlap" the per-call times with the backward's
+# sweeps overlapped and in one stream (ATTNRNN_BWD_CONCURRENT). "fla" installs
 # .whl/fla_core-*.whl (copied from shared/wheels) so the benchmarks include fla ("bench" splits
 # the shapes over two GPUs when there are two). "multigpu" runs
 # the context-parallel tests over NCCL on all GPUs and bench/distributed.py at B=1 H=16 D=128
@@ -73,6 +74,13 @@ if want wgmma; then
       --out "$OUT/sweep_wgmma$wg.json" 2>&1 | sed "s/^/wgmma=$wg /"
     PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_WGMMA=$wg python3 scripts/kernel_times.py --backward 2>&1 |
       grep -v -i warn | sed "s/^/kernels wgmma=$wg /"
+  done
+fi
+if want overlap; then
+  # the backward's sweeps overlapped on side streams (1) or in one stream (0): per-call times
+  for c in 1 0; do
+    PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_BWD_CONCURRENT=$c python3 scripts/tc_sweep.py --out "$OUT/sweep_overlap$c.json" 2>&1 |
+      sed "s/^/overlap=$c /"
   done
 fi
 if want sanitize; then
