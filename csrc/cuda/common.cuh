@@ -151,16 +151,25 @@ inline Status check_launch(const char* what) {
 // Largest dynamic shared memory a block may opt into on the current device.
 int max_dynamic_smem();
 
-// Sets the kernel's dynamic shared-memory limit when it exceeds the default 48 KiB.
+// The dynamic shared-memory limit set on a kernel on the current device so far (0: none), and
+// recording a new one: cudaFuncSetAttribute costs microseconds of host time, once per launch
+// otherwise (linear_attn.cu).
+int64_t smem_allowed(const void* kernel);
+void record_smem_allowed(const void* kernel, int64_t bytes);
+
+// Sets the kernel's dynamic shared-memory limit when it exceeds the default 48 KiB (once per kernel,
+// device and size).
 template <class Kernel>
 Status allow_smem(Kernel kernel, int64_t bytes, const char* what) {
   if (bytes > max_dynamic_smem())
     return fail(Status::kInvalidArgument, "%s needs %lld bytes of shared memory, the device has %d", what,
                 (long long)bytes, max_dynamic_smem());
-  if (bytes > 48 * 1024) {
+  const void* key = reinterpret_cast<const void*>(kernel);
+  if (bytes > 48 * 1024 && smem_allowed(key) < bytes) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(bytes));
     if (err != cudaSuccess) return fail(Status::kDeviceError, "%s: %s", what, cudaGetErrorString(err));
+    record_smem_allowed(key, bytes);
   }
   return Status::kSuccess;
 }

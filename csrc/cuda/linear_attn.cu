@@ -2,7 +2,9 @@
 // launch.cuh (whose instantiations live in instantiations/*.cu).
 #include <atomic>
 #include <cstdlib>
+#include <map>
 #include <mutex>
+#include <utility>
 
 #include "launch.cuh"
 #include "launch_decls.h"
@@ -26,6 +28,30 @@ int cached_attribute(cudaDeviceAttr attr, std::atomic<int> (&cache)[kCachedDevic
 }
 std::atomic<int> smem_optin_cache[kCachedDevices], major_cache[kCachedDevices], sm_count_cache[kCachedDevices];
 }  // namespace
+
+namespace {
+std::mutex smem_allowed_mutex;
+std::map<std::pair<const void*, int>, int64_t> smem_allowed_by_kernel;  // (kernel, device) -> bytes
+int current_device() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) cudaGetLastError();
+  return device;
+}
+}  // namespace
+
+int64_t smem_allowed(const void* kernel) {
+  const std::pair<const void*, int> key{kernel, current_device()};
+  std::lock_guard<std::mutex> lock(smem_allowed_mutex);
+  const auto found = smem_allowed_by_kernel.find(key);
+  return found == smem_allowed_by_kernel.end() ? 0 : found->second;
+}
+
+void record_smem_allowed(const void* kernel, int64_t bytes) {
+  const std::pair<const void*, int> key{kernel, current_device()};
+  std::lock_guard<std::mutex> lock(smem_allowed_mutex);
+  int64_t& allowed = smem_allowed_by_kernel[key];
+  if (bytes > allowed) allowed = bytes;
+}
 
 int max_dynamic_smem() {
   return cached_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, smem_optin_cache, 48 * 1024);
