@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 
 #include "chunk_bwd.cuh"
 #include "chunk_dd.cuh"
@@ -338,23 +339,17 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   }
   float* dk_partial = reinterpret_cast<float*>(base + r.dk_offset);
   float* dv_partial = reinterpret_cast<float*>(base + r.dv_offset);
-  auto sweeps = [&]() {
-    if (wgmma_sweeps(p, true, feat)) {
-      Status t = launch_wg<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq, wgmma)");
-      if (t == Status::kSuccess)
-        t = launch_wg<T, TcRole::kGradK>(on_side[0], V, dk_partial, feat, "chunk_linear_attn backward (dk, wgmma)");
-      if (t == Status::kSuccess)
-        t = launch_wg<T, TcRole::kGradV>(on_side[1], K, dv_partial, feat, "chunk_linear_attn backward (dv, wgmma)");
-      return t;
-    }
-    Status t = launch_tc<T, TcRole::kGradQ>(p, V, partial, feat, "chunk_linear_attn backward (dq)");
-    if (t == Status::kSuccess)
-      t = launch_tc<T, TcRole::kGradK>(on_side[0], V, dk_partial, feat, "chunk_linear_attn backward (dk)");
-    if (t == Status::kSuccess)
-      t = launch_tc<T, TcRole::kGradV>(on_side[1], K, dv_partial, feat, "chunk_linear_attn backward (dv)");
-    return t;
+  const bool wg = wgmma_sweeps(p, true, feat);
+  auto sweep = [&](auto role, const LinearAttnParams& on, int64_t inner, float* part, const char* what) {
+    constexpr TcRole R = decltype(role)::value;
+    return wg ? launch_wg<T, R>(on, inner, part, feat, what) : launch_tc<T, R>(on, inner, part, feat, what);
   };
-  if (s == Status::kSuccess) s = sweeps();
+  using GradQ = std::integral_constant<TcRole, TcRole::kGradQ>;
+  using GradK = std::integral_constant<TcRole, TcRole::kGradK>;
+  using GradV = std::integral_constant<TcRole, TcRole::kGradV>;
+  if (s == Status::kSuccess) s = sweep(GradQ{}, p, V, partial, "chunk_linear_attn backward (dq)");
+  if (s == Status::kSuccess) s = sweep(GradK{}, on_side[0], V, dk_partial, "chunk_linear_attn backward (dk)");
+  if (s == Status::kSuccess) s = sweep(GradV{}, on_side[1], K, dv_partial, "chunk_linear_attn backward (dv)");
   const Status joined = join_sweeps(p.stream, fork);  // always: a capture must not end with a fork open
   return s != Status::kSuccess ? s : joined;
 }
