@@ -2,9 +2,12 @@
 the training shapes, from torch.profiler: kernel times without the host's share of a call.
 
     ATTNRNN_TC_WGMMA=3 PYTHONPATH=python python scripts/kernel_times.py [--backward]
-(ATTNRNN_TC_WGMMA: 0 the mma.sync scans, 1 the wgmma forward, 3 the wgmma forward and backward.)
+(ATTNRNN_TC_WGMMA: 0 the mma.sync scans, 1 the wgmma forward, 3 the wgmma forward and backward;
+ATTNRNN_BWD_CONCURRENT=0 keeps the backward's sweeps apart, so that each one's time is its own.)
+Sweep kernels are listed by role (chunk_wg_kernel:dk).
 """
 import collections
+import re
 import sys
 
 import torch
@@ -14,6 +17,14 @@ import attnrnn
 
 SHAPES = [(8, 2048, 16, 64), (4, 8192, 16, 128), (1, 65536, 16, 128), (8, 4096, 32, 64)]
 REPS = 20
+ROLES = ["fwd", "den", "dq", "dk", "dv"]  # TcRole's order (csrc/cuda/chunk_tc_plan.cuh)
+
+
+def label(kernel_name):
+    """The kernel's short name, with its sweep role when it has one (chunk_wg_kernel:dk)."""
+    short = kernel_name.split("(")[0].split("<")[0].removeprefix("void ").split("::")[-1][:40]
+    role = re.search(r"TcRole\)(\d)", kernel_name)
+    return f"{short}:{ROLES[int(role.group(1))]}" if role else short
 
 
 def main():
@@ -39,7 +50,7 @@ def main():
             per_kernel = collections.defaultdict(float)
             for e in prof.events():
                 if e.device_type == torch.autograd.DeviceType.CUDA:
-                    per_kernel[e.name.split("(")[0].split("<")[0][:40]] += e.device_time_total / REPS
+                    per_kernel[label(e.name)] += e.device_time_total / REPS
             total = sum(per_kernel.values())
             parts = ", ".join(f"{n} {t:.1f}" for n, t in sorted(per_kernel.items(), key=lambda x: -x[1]))
             print(f"B{B}-T{T}-H{H}-D{D} norm={int(normalize)}  gpu {total:8.1f} us  [{parts}]", flush=True)
