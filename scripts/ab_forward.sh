@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# Kernel times of chunk_linear_attn's forward (scripts/kernel_times.py) for this tree and for another
-# source tree built beside it, in one GPU session, so that two versions meet on the same machine.
-#   git archive <commit> | tar -x -C .gpu/old      (here, before the device call)
+# Kernel times of chunk_linear_attn (scripts/kernel_times.py) for this tree and for other source trees
+# built beside it, in one GPU session, so that versions meet on the same machine.
+#   git archive <commit> | tar -x -C .gpu/old      (here, before the device call; or scripts/stage_gpu.sh)
 #   OLD=old OUT=$OUT bash scripts/ab_forward.sh    (on the GPU machine, from the tree's root, built)
-# KT_ARGS=--backward times forward+backward instead (the backward's sweeps one after another,
-# ATTNRNN_BWD_CONCURRENT=0, so that each kernel's time is its own).
+# OLD may name several trees ("old1 old2"): each is built (unless it already holds a build) and
+# timed, then this tree, twice over, alternating. KT_ARGS=--backward times forward+backward instead
+# (the backward's sweeps one after another, ATTNRNN_BWD_CONCURRENT=0, so that each kernel's time is
+# its own).
 set -uo pipefail
-OLD=${OLD:?set OLD to the directory of the other tree}
+OLD=${OLD:?set OLD to the directory of the other tree, or several separated by spaces}
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
-(cd "$OLD" && ATTNRNN_CUDA=ON ATTNRNN_BUILD_JOBS=$(nproc) python3 setup.py -q build_ext --inplace >"$OUT/build_old.log" 2>&1) ||
-  { tail -20 "$OUT/build_old.log"; exit 1; }
+for tree in $OLD; do
+  ls "$tree"/python/attnrnn/_C*.so >/dev/null 2>&1 && continue
+  log="$OUT/build_$(basename "$tree").log"
+  (cd "$tree" && ATTNRNN_CUDA=ON ATTNRNN_BUILD_JOBS=$(nproc) python3 setup.py -q build_ext --inplace >"$log" 2>&1) ||
+    { tail -20 "$log"; exit 1; }
+done
 for run in 1 2; do  # each tree twice, alternating, to see the run-to-run spread
-  for tree in "$OLD" "$PWD"; do
-    label=$([ "$tree" = "$PWD" ] && echo this || echo old)
+  for tree in $OLD "$PWD"; do
+    label=$([ "$tree" = "$PWD" ] && echo this || basename "$tree")
     PYTHONPATH=$tree/python ATTNRNN_BWD_CONCURRENT=0 python3 scripts/kernel_times.py ${KT_ARGS:-} 2>&1 |
       grep -v -i warn | sed "s/^/$label run$run /"
   done
-done | tee "$OUT/ab_forward.txt"
+done | tee -a "$OUT/ab_kernel_times.txt"
