@@ -85,6 +85,27 @@ def test_saved_denominators_give_the_den_sweeps_gradients(ar, case):
             assert relative_rms(a, b) < 2e-3, name
 
 
+UNALIGNED_OUT_CASES = [Case(2, 300, 4, 64, bf16, Hkv=2), Case(1, 200, 2, 128, fp16, V=128, feature_map=None)]
+
+
+@pytest.mark.parametrize("case", UNALIGNED_OUT_CASES, ids=lambda c: c.id)
+def test_saved_denominators_with_an_output_view_aligned_to_4_bytes(case):
+    # dd reads o in 16-byte pieces where o's rows allow it and in 4-byte ones otherwise: same sums.
+    inp = make_inputs(case, "cuda", positive=case.feature_map is None)
+    ops = torch.ops.attnrnn
+    scale, fm = case.K ** -0.5, case.feature_map or "identity"
+    o, _, _, den = ops.chunk_fwd(inp["q"], inp["k"], inp["v"], None, None, None, scale, 1e-6, fm, True, False, 0, True)
+    padded = torch.full((*o.shape[:-1], case.V + 2), float("nan"), device="cuda", dtype=o.dtype)
+    padded[..., 2:] = o
+    o_view = padded[..., 2:]  # rows start 4 bytes past a 16-byte boundary
+    assert o_view.data_ptr() % 16 == 4
+    bwd = lambda out: ops.chunk_bwd(inp["do"], out, None, None, inp["q"], inp["k"], inp["v"], None, None, None,
+                                    scale, 1e-6, fm, True, 0, den)
+    for name, a, b in zip(("dq", "dk", "dv"), bwd(o_view), bwd(o)):
+        assert torch.isfinite(a).all(), name
+        assert torch.equal(a, b), name
+
+
 # ATTNRNN_TC_SEGMENTS (the tile sweep's knob, read once per process) forces the two-pass split.
 _FORCED_SPLIT_RUN = """
 import sys, torch
