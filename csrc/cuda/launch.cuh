@@ -304,16 +304,18 @@ Status launch_wg(const LinearAttnParams& p, int64_t inner, float* partial, const
                      : launch_wg_role<T, R, 128>(p, partial, feat, what);
 }
 
-// w and dd from the forward's saved w (chunk_dd.cuh): a warp per token at a time, one block per
-// SM's worth of threads (8 x 256), or fewer when there are fewer tokens than warps.
+// w and dd from the forward's saved w (chunk_dd.cuh): a grid of at most 8 blocks per SM (fewer fit
+// at once; the grid-stride loop takes the rest), fewer when there are fewer rows.
 template <class T>
 Status launch_dd(const LinearAttnParams& p) {
-  const int64_t tokens = p.batch * p.seqlen, warps_per_block = kDdThreads / 32;
-  const int64_t blocks = std::min<int64_t>((tokens + warps_per_block - 1) / warps_per_block, int64_t(sm_count()) * 8);
+  const int64_t V = p.head_dim_v, rows = p.batch * p.seqlen * p.num_heads;
+  if (V != 64 && V != 128) return fail(Status::kInvalidArgument, "chunk_dd: V must be 64 or 128, got %lld", (long long)V);
+  const int64_t rows_per_block = (kDdThreads / 32) * (32 / (V / 8)) * kDdUnroll;
+  const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, int64_t(sm_count()) * 8);
   if (blocks == 0) return Status::kSuccess;
   const bool out16 = aligned16(p.out);
-  auto kernel = p.head_dim_v == 64 ? (out16 ? chunk_dd_kernel<T, 64, true> : chunk_dd_kernel<T, 64, false>)
-                                   : (out16 ? chunk_dd_kernel<T, 128, true> : chunk_dd_kernel<T, 128, false>);
+  auto kernel = V == 64 ? (out16 ? chunk_dd_kernel<T, 64, true> : chunk_dd_kernel<T, 64, false>)
+                        : (out16 ? chunk_dd_kernel<T, 128, true> : chunk_dd_kernel<T, 128, false>);
   kernel<<<static_cast<unsigned>(blocks), kDdThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p);
   return check_launch("chunk_linear_attn backward (denominators from the forward)");
 }

@@ -44,6 +44,11 @@ def test_tensor_core_path_meets_rules(ar, ref, case):
 # generic-path case (K 48, V 40) saves them too, and its backward ignores them.
 SAVED_DEN_CASES = [c for c in TENSOR_CORE_CASES if c.normalize] + [
     Case(1, 150, 4, 48, bf16, Hkv=2, V=40, seqlens=(0, 70, 80), initial_state=True),
+    # the dd pass takes 16 (V 64) or 8 (V 128) consecutive rows at a time: across heads and tokens,
+    # and past a sequence's end into the next batch entry
+    Case(2, 130, 20, 64, bf16, Hkv=4),
+    Case(1, 70, 10, 128, bf16, Hkv=5, feature_map=None),
+    Case(3, 5, 2, 64, bf16),
 ]
 
 
@@ -85,7 +90,7 @@ def test_saved_denominators_give_the_den_sweeps_gradients(ar, case):
             assert relative_rms(a, b) < 2e-3, name
 
 
-UNALIGNED_OUT_CASES = [Case(2, 300, 4, 64, bf16, Hkv=2), Case(1, 200, 2, 128, fp16, V=128, feature_map=None)]
+UNALIGNED_OUT_CASES = [Case(2, 300, 20, 64, bf16, Hkv=4), Case(1, 200, 10, 128, fp16, feature_map=None)]
 
 
 @pytest.mark.parametrize("case", UNALIGNED_OUT_CASES, ids=lambda c: c.id)
@@ -97,7 +102,7 @@ def test_saved_denominators_with_an_output_view_aligned_to_4_bytes(case):
     o, _, _, den = ops.chunk_fwd(inp["q"], inp["k"], inp["v"], None, None, None, scale, 1e-6, fm, True, False, 0, True)
     padded = torch.full((*o.shape[:-1], case.V + 2), float("nan"), device="cuda", dtype=o.dtype)
     padded[..., 2:] = o
-    o_view = padded[..., 2:]  # rows start 4 bytes past a 16-byte boundary
+    o_view = padded[..., 2:]  # 4-byte-aligned rows (the first 4 bytes past a 16-byte boundary)
     assert o_view.data_ptr() % 16 == 4
     bwd = lambda out: ops.chunk_bwd(inp["do"], out, None, None, inp["q"], inp["k"], inp["v"], None, None, None,
                                     scale, 1e-6, fm, True, 0, den)
