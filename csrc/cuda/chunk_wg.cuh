@@ -281,31 +281,23 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
       const bool fresh_output = !Info::group_sum || s.first;
       hold_state();
       if constexpr (Info::group_sum) wg_hold(O);  // O carries the group's sum from earlier heads
-      // Each branch is a whole fence-commit-wait stage: a branch inside one makes ptxas serialize
-      // the products (C7515).
+      // Stages: P; A S (fresh outputs), running while P is masked; P Cv; the state's update, running
+      // while the epilogue writes O (DI = 128). No stage's accumulators are touched while it runs,
+      // and the update's stage ends inside its branch: otherwise ptxas serializes the products
+      // (C7515, seen when that stage ended after the branch).
+      wg_fence();
+      scores();
+      wg_commit();
+      wg_wait_all();
+      wg_hold(P);
       if (fresh_output) {
         wg_fence();
-        scores();
 #pragma unroll
         for (int j = 0; j < DI / 16; ++j)
           wg_mma_ss<T, 0, 1>(O, wg_descriptor(At, along(j)), wg_descriptor(Sh, down(j)), j > 0);
 #pragma unroll
         for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(At, along(j)), wg_descriptor(Sl, down(j)), 1);
         wg_commit();
-        wg_wait_all();
-      } else {
-        wg_fence();
-        scores();
-        wg_commit();
-        wg_wait_all();
-      }
-      wg_hold(P);
-      wg_hold(O);
-      if constexpr (kDq || kDk) {
-        if (p.normalize && fresh_output) {  // O += dd_t z (dq) or dz (dk) on the output columns
-#pragma unroll
-          for (int e = 0; e < 32; ++e) O[e] += (kDq ? wt.dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(tid, e)];
-        }
       }
 
       // ---- mask P (with dq's / dk's dd terms), its row sums (forward), P as the A operand of P Cv ---
@@ -324,6 +316,14 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
           rowsum[q & 1] += x0 + x1;
           pa[j][q] = pack2<T>(x0, x1);
         }
+      wg_wait_all();  // A S
+      wg_hold(O);
+      if constexpr (kDq || kDk) {
+        if (p.normalize && fresh_output) {  // O += dd_t z (dq) or dz (dk) on the output columns
+#pragma unroll
+          for (int e = 0; e < 32; ++e) O[e] += (kDq ? wt.dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(tid, e)];
+        }
+      }
       auto pv = [&]() {
 #pragma unroll
         for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O, pa[j], wg_descriptor(Ct, 2048 * j), 1);
@@ -331,23 +331,15 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
       wg_hold(O);
       hold_state();
       wg_hold(pa);
-      if (update) {
-        wg_fence();
-        pv();
-        update_state(Bt, Ct);
-        wg_commit();
-        wg_wait_all();
-      } else {
-        wg_fence();
-        pv();
-        wg_commit();
-        wg_wait_all();
-      }
+      wg_fence();
+      pv();
+      wg_commit();
+      wg_wait_all();
       wg_hold(O);
-      hold_state();
 
       // ---- epilogue: one output per query head, or the group's sum after its last head -------------
-      if (!Info::group_sum || s.last) {
+      auto epilogue = [&]() {
+        if (Info::group_sum && !s.last) return;
         float inv[2] = {1.f, 1.f};
         if constexpr (kFwd) {
           inv[0] = inv[1] = scale;
@@ -388,7 +380,19 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
           }
           *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = pack2<T>(x0, x1);
         }
+      };
+      // At DI = 128 the epilogue runs while S += B^T Cv does; at DI = 64 its second copy (one per
+      // branch) made the forward spill 64 bytes instead of 8 under the 3-blocks-per-SM budget.
+      constexpr bool kEpilogueInShadow = DI == 128;
+      if (update) {
+        wg_fence();
+        update_state(Bt, Ct);
+        wg_commit();
+        if constexpr (kEpilogueInShadow) epilogue();
+        wg_wait_all();
+        hold_state();
       }
+      if (!kEpilogueInShadow || !update) epilogue();
     } else if (update) {
       // ---- pass 1 of a split: only the state moves ------------------------------------------------
       hold_state();
