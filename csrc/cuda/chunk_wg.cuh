@@ -114,16 +114,26 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
     z[tid] = x;
   }
   // S as 16-bit hi + lo tiles [d][c] for the products A S.
+  // Pair p = i / 2 of an accumulator is the 8 x 8 matrix (rows 16 w + 8 (p % 2) + [0, 8), columns
+  // 8 (p / 2) + [0, 8)) of warp w, in stmatrix's layout: four pairs per stsm_x4, each lane giving
+  // the row address of matrix lane / 8 (a 16-byte piece of a swizzled row).
   auto publish_state = [&]() {
+    const int lane = tid % 32;
 #pragma unroll
     for (int h = 0; h < KT; ++h)
 #pragma unroll
-      for (int i = 0; i < 32; i += 2) {
-        const int off = at(64 * h + wg_acc_row(tid, i), wg_acc_col(tid, i));
-        const uint32_t hi = pack2<T>(S[h][i], S[h][i + 1]);
-        const float2 back = unpack2<T>(hi);
-        *reinterpret_cast<uint32_t*>(Sh + off) = hi;
-        *reinterpret_cast<uint32_t*>(Sl + off) = pack2<T>(S[h][i] - back.x, S[h][i + 1] - back.y);
+      for (int q = 0; q < 4; ++q) {
+        uint32_t hi[4], lo[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int i = 2 * (4 * q + m);
+          hi[m] = pack2<T>(S[h][i], S[h][i + 1]);
+          const float2 back = unpack2<T>(hi[m]);
+          lo[m] = pack2<T>(S[h][i] - back.x, S[h][i + 1] - back.y);
+        }
+        const int p = 4 * q + lane / 8, off = at(64 * h + 16 * (tid / 32) + 8 * (p % 2) + lane % 8, 8 * (p / 2));
+        stsm_x4(Sh + off, hi);
+        stsm_x4(Sl + off, lo);
       }
   };
   if (!split.state_only) publish_state();

@@ -28,6 +28,15 @@ __host__ __device__ __forceinline__ int wg_swizzled(int r, int c) {
 // Byte offset of element (r, c) in a row of 64-column tiles (column c in tile c / 64).
 __host__ __device__ __forceinline__ int wg_at(int r, int c) { return (c / 64) * kWgTileBytes + wg_swizzled(r, c % 64); }
 
+// Four 8 x 8 matrices of 16-bit pairs to shared memory (sm_90): register m of every lane goes to
+// matrix m, whose eight row addresses (16 bytes each) lanes 8m .. 8m + 7 give; lane l holds row
+// l / 4, columns 2 (l % 4) and + 1 of each, the layout of an accumulator's pairs.
+__device__ __forceinline__ void stsm_x4(void* row_address, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(row_address)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // Descriptor of the tile at `smem` + byte_offset: start address >> 4, LBO 16 B (unused with this
 // swizzle), SBO 1024 B (eight rows), layout type 1 (128-byte swizzle).
 __device__ __forceinline__ uint64_t wg_descriptor(const void* smem, int byte_offset) {
