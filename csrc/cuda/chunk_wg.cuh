@@ -259,9 +259,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
     const Step s = step_of(current);
     advance(current);
     const Weights wt = weights_of(s);
-    if (i + NS - 1 < steps) issue(i + NS - 1);
-    cp_async_commit();
-    cp_async_wait<NS - 1>();
+    cp_async_wait<NS - 2>();  // this step's tiles (the groups of the NS - 2 steps after it may run on)
     unsigned char* At = stage(i);
     unsigned char* Bt = At + KT * kWgTileBytes;
     unsigned char* Ct = Bt + KT * kWgTileBytes;
@@ -274,7 +272,11 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
       scale_dout(Ct, D, s, wt);
     }
     wg_fence_shared();  // cp.async and st.shared writes before the products read them
+    // Every warp has its tiles, the last step's state tiles and z, and is done with the last step's
+    // stage, which the next load may now refill (one barrier where the step used to end in a second).
     __syncthreads();
+    if (i + NS - 1 < steps) issue(i + NS - 1);
+    cp_async_commit();
 
     const bool update = Info::group_sum || s.last;  // S moves after this step
     if (!split.state_only) {
@@ -422,7 +424,6 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
       }
       if (!split.state_only) publish_state();
     }
-    __syncthreads();  // z and the state tiles are written; the stage may be refilled
   }
   cp_async_wait<0>();
 
