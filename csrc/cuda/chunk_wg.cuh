@@ -426,6 +426,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
     }
   }
   cp_async_wait<0>();
+  __syncthreads();  // the last step's z (its column sums ran after the step's last barrier)
 
   // ---- pass 1: this segment's partial; otherwise the final state, from the last segment ---------
   if (split.state_only) {
