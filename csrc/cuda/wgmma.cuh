@@ -97,12 +97,7 @@ __device__ __forceinline__ void wg_mma_rs(float (&d)[32], const uint32_t (&a)[4]
 // Before the first product and whenever registers feeding a product changed.
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Waits until at most N committed groups are still running (groups complete in commit order).
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void wg_wait_all() { wg_wait<0>(); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Ties registers to this point, so the compiler cannot move their reads above a wait or their writes
 // below a fence (neither has register operands of its own): after wg_wait_all for the accumulators,
 // before wg_fence for the registers feeding the next products.
