@@ -2,7 +2,8 @@
 the training shapes, from torch.profiler: kernel times without the host's share of a call.
 
     ATTNRNN_TC_WGMMA=3 PYTHONPATH=python python scripts/kernel_times.py [--backward]
-(ATTNRNN_TC_WGMMA: 0 the mma.sync scans, 1 the wgmma forward, 3 the wgmma forward and backward;
+(ATTNRNN_TC_WGMMA: 0 the mma.sync scans, 1 the wgmma forward, 3 the wgmma forward and backward,
+7 (default) with dk and dv in one sweep at K = V = 64;
 ATTNRNN_BWD_CONCURRENT=0 keeps the backward's sweeps apart, so that each one's time is its own.)
 Sweep kernels are listed by role (chunk_wg_kernel:dk).
 """
@@ -17,7 +18,7 @@ import attnrnn
 
 SHAPES = [(8, 2048, 16, 64), (4, 8192, 16, 128), (1, 65536, 16, 128), (8, 4096, 32, 64)]
 REPS = 20
-ROLES = ["fwd", "den", "dq", "dk", "dv"]  # TcRole's order (csrc/cuda/chunk_tc_plan.cuh)
+ROLES = ["fwd", "den", "dq", "dk", "dv", "dkv"]  # TcRole's order (csrc/cuda/chunk_tc_plan.cuh)
 
 
 def label(kernel_name):

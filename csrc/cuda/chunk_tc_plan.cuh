@@ -6,7 +6,8 @@
 
 namespace attnrnn::cuda {
 
-enum class TcRole : int { kForward, kDen, kGradQ, kGradK, kGradV };
+// kGradKV: dk and dv in one reverse sweep (chunk_wg.cuh only; its state is dv's, dk reads it transposed)
+enum class TcRole : int { kForward, kDen, kGradQ, kGradK, kGradV, kGradKV };
 enum class TcSrc : int { kQ, kK, kV, kDout, kNone };
 
 constexpr int kTcThreads = 128;
@@ -14,13 +15,14 @@ constexpr int kTcChunk = 64;
 
 template <TcRole R>
 struct TcRoleInfo {
+  static constexpr bool dv_like = R == TcRole::kGradV || R == TcRole::kGradKV;  // A = K, B = Q, Cv = dout
   static constexpr TcSrc a = R == TcRole::kGradQ ? TcSrc::kDout : R == TcRole::kGradK ? TcSrc::kV
-                             : R == TcRole::kGradV ? TcSrc::kK : TcSrc::kQ;
+                             : dv_like ? TcSrc::kK : TcSrc::kQ;
   static constexpr TcSrc b = R == TcRole::kGradQ ? TcSrc::kV : R == TcRole::kGradK ? TcSrc::kDout
-                             : R == TcRole::kGradV ? TcSrc::kQ : TcSrc::kK;
+                             : dv_like ? TcSrc::kQ : TcSrc::kK;
   static constexpr TcSrc c = R == TcRole::kForward ? TcSrc::kV : R == TcRole::kGradQ ? TcSrc::kK
-                             : R == TcRole::kGradK ? TcSrc::kQ : R == TcRole::kGradV ? TcSrc::kDout : TcSrc::kNone;
-  static constexpr bool reverse = R == TcRole::kGradK || R == TcRole::kGradV;
+                             : R == TcRole::kGradK ? TcSrc::kQ : dv_like ? TcSrc::kDout : TcSrc::kNone;
+  static constexpr bool reverse = R == TcRole::kGradK || dv_like;
   static constexpr bool has_state = R != TcRole::kDen;
   // Transposed roles hold S^T / dS^T: state element (d, c) is matrix element (c, d) of [K][V].
   static constexpr bool transposed = R == TcRole::kGradQ || R == TcRole::kGradK;

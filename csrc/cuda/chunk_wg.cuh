@@ -13,6 +13,8 @@
 //   dq       dq = O phi'(q)       normalize: P += dd_t, O += dd_t z, z += colsum Cv
 //   dk       dk = sum_h O phi'(k) normalize: P += dd_s, O += dz,     dz += sum_t dd_t Cv_t
 //   dv       dv = sum_h O
+//   dk + dv  (kGradKV, DI = 64) the dv sweep, plus V as a fourth tile: dk's P' = mask(V dout^T) and
+//            O' = V S^T_hi + V S^T_lo + P' Q (the state tiles read transposed), so one state serves both
 // dk and dv sum over the query heads of a group: A S enters once per chunk (A is the kv head's), the
 // state moves with every head. The segment split (TcSplit) works as in chunk_tc_kernel with this
 // kernel's tiles and partial size (WgLayout); the workspace is sized for whichever sweep runs.
@@ -25,12 +27,14 @@
 
 namespace attnrnn::cuda {
 
-template <int DI>
+template <int DI, bool kFourTiles = false>
 struct WgLayout {
-  static constexpr int KT = DI / 64;                         // 64-dim tiles of A, B and S
+  static constexpr int KT = DI / 64;  // 64-dim tiles of A, B and S
   static constexpr int stages = 2;
-  static constexpr int stage = (2 * KT + 1) * kWgTileBytes;  // A, B tiles and the Cv tile
-  static constexpr int min_blocks = DI == 64 ? 3 : 2;        // shared memory: 65 / 113 KiB per block
+  // A, B tiles, the Cv tile, and the fused dk + dv sweep's V tile
+  static constexpr int stage = (2 * KT + 1 + (kFourTiles ? 1 : 0)) * kWgTileBytes;
+  // shared memory: 65 / 113 KiB per block (83 KiB with four tiles, and registers for two outputs)
+  static constexpr int min_blocks = DI == 64 && !kFourTiles ? 3 : 2;
   static constexpr int z_floats = DI > 64 ? DI : 64;         // z on the inner dims or the 64 columns
   // floats after the tiles: the dk sweep's dd [stages][64], then z; the base is 1024-byte aligned
   // (no slack: at DI = 128 the block uses exactly half an SM's shared memory)
@@ -38,18 +42,24 @@ struct WgLayout {
   static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + floats * 4;
   static constexpr int64_t partial_floats = DI * 64 + z_floats;  // S [DI][64], then z
   static_assert(DI == 64 || DI == 128, "inner dim 64 or 128");
+  static_assert(!kFourTiles || DI == 64, "the fused dk + dv sweep is for K = V = 64");
   // 228 KiB per SM on sm_90, and 1 KiB of each block's is reserved by the system
   static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
 };
 
+template <TcRole R, int DI>
+using WgLayoutOf = WgLayout<DI, R == TcRole::kGradKV>;
+
 template <class T, TcRole R, int DI>
-__global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
+__global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     chunk_wg_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(R != TcRole::kDen, "the den sweep runs on chunk_tc_kernel");
+  static_assert(R != TcRole::kGradKV || DI == 64, "the fused dk + dv sweep is for K = V = 64");
   using Info = TcRoleInfo<R>;
-  using L = WgLayout<DI>;
+  using L = WgLayoutOf<R, DI>;
   constexpr bool kFwd = R == TcRole::kForward, kDq = R == TcRole::kGradQ, kDk = R == TcRole::kGradK;
+  constexpr bool kDkv = R == TcRole::kGradKV;  // kDk below is the separate dk sweep only
   constexpr int C = kTcChunk, D = 64, NS = L::stages, KT = L::KT;
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
@@ -63,7 +73,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
   auto at = [](int r, int d) { return wg_at(r, d); };
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
-  const int64_t out_cols = (kFwd || R == TcRole::kGradV) ? V : K;
+  const int64_t out_cols = (kFwd || Info::dv_like) ? V : K;
   const int tiles = static_cast<int>(out_cols / D), tile = blockIdx.x % tiles;
   const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
   const int seg = (blockIdx.x / tiles) % split.segments;
@@ -105,9 +115,9 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
     });
   }
   // z: the forward's key sums on the inner dims; dq's key sums and dk's dz on the output columns
-  constexpr int z_width = kFwd ? DI : (kDq || kDk) ? D : 0;
+  constexpr int z_width = kFwd ? DI : (kDq || kDk || kDkv) ? D : 0;
   if (z_width > 0 && p.normalize && tid < z_width) {
-    const float* z0 = static_cast<const float*>(kDk ? p.d_final_z : p.initial_z);
+    const float* z0 = static_cast<const float*>(kDk || kDkv ? p.d_final_z : p.initial_z);
     const int64_t zi = state_row * K + (kFwd ? 0 : c0) + tid;
     float x = (z0 != nullptr && !split.state_only) ? z0[zi] : 0.f;
     for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + tid];
@@ -171,7 +181,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
     return Source{static_cast<const T*>(v.data) + seq.b * v.stride_b + col0 + piece * 8, v.stride_t, v.stride_h};
   };
   const Source a_src = source(tc_view(p, feat, Info::a), 0), b_src = source(tc_view(p, feat, Info::b), 0),
-               c_src = source(tc_view(p, feat, Info::c), c0);
+               c_src = source(tc_view(p, feat, Info::c), c0), v_src = source(p.v, 0);
   auto head_of = [&](TcSrc src, const Step& s) { return per_query_head(src) ? s.h : g; };
   // `width` columns of the chunk's rows into 64-column tiles; rows past the chunk's end arrive as
   // zeros. Thread tid copies piece tid % 8 of each 64-column tile of rows tid / 8 + 16 j.
@@ -216,7 +226,8 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
     if (!split.state_only) load_tiles(st, a_src, head_of(Info::a, s), DI, s);
     load_tiles(st + KT * kWgTileBytes, b_src, head_of(Info::b, s), DI, s);
     load_tiles(st + 2 * KT * kWgTileBytes, c_src, head_of(Info::c, s), D, s);
-    if (kDk && p.normalize && tid < C) {
+    if (kDkv && !split.state_only) load_tiles(st + 3 * kWgTileBytes, v_src, g, D, s);
+    if ((kDk || kDkv) && p.normalize && tid < C) {
       const bool valid = tid < s.cl;
       cp_async4(fl + L::dd + (i % NS) * C + tid, ws_dd + (valid ? token_index(p, seq, s.t0 + tid, s.h) : 0), valid);
     }
@@ -255,6 +266,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
   }
   Walk current{ci0, 0};
   float O[32];  // the step's output; dk and dv keep summing it over a group's heads
+  float O2[32];  // the fused sweep's dk sum (its O is dv's)
   for (int i = 0; i < steps; ++i) {
     const Step s = step_of(current);
     advance(current);
@@ -263,12 +275,13 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
     unsigned char* At = stage(i);
     unsigned char* Bt = At + KT * kWgTileBytes;
     unsigned char* Ct = Bt + KT * kWgTileBytes;
+    unsigned char* Vt = Ct + kWgTileBytes;  // the fused sweep's fourth tile
     const float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd of the step's tokens
     if constexpr (kDq) {
       if (!split.state_only) scale_dout(At, DI, s, wt);
     } else if constexpr (kDk) {
       scale_dout(Bt, DI, s, wt);
-    } else if constexpr (R == TcRole::kGradV) {
+    } else if constexpr (Info::dv_like) {
       scale_dout(Ct, D, s, wt);
     }
     wg_fence_shared();  // cp.async and st.shared writes before the products read them
@@ -293,6 +306,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
       const bool fresh_output = !Info::group_sum || s.first;
       hold_state();
       if constexpr (Info::group_sum) wg_hold(O);  // O carries the group's sum from earlier heads
+      if constexpr (kDkv) wg_hold(O2);
       // Stages: P; A S (fresh outputs), running while P is masked; P Cv; the state's update, running
       // while the epilogue writes O (DI = 128). No stage's accumulators are touched while it runs,
       // and the update's stage ends inside its branch: otherwise ptxas serializes the products
@@ -309,38 +323,57 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
           wg_mma_ss<T, 0, 1>(O, wg_descriptor(At, along(j)), wg_descriptor(Sh, down(j)), j > 0);
 #pragma unroll
         for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(At, along(j)), wg_descriptor(Sl, down(j)), 1);
+        if constexpr (kDkv) {  // dk's V S^T: the state tiles as a K-major operand (rows are dk's columns)
+#pragma unroll
+          for (int j = 0; j < DI / 16; ++j)
+            wg_mma_ss<T, 0, 0>(O2, wg_descriptor(Vt, along(j)), wg_descriptor(Sh, along(j)), j > 0);
+#pragma unroll
+          for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 0>(O2, wg_descriptor(Vt, along(j)), wg_descriptor(Sl, along(j)), 1);
+        }
         wg_commit();
       }
 
       // ---- mask P (with dq's / dk's dd terms), its row sums (forward), P as the A operand of P Cv ---
       float rowsum[2] = {0.f, 0.f};
       uint32_t pa[4][4];
+      auto mask_scores = [&](bool dd_col_terms) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int e = 8 * j + 2 * q, r = wg_acc_row(tid, e), col = wg_acc_col(tid, e);
-          float x0 = P[e], x1 = P[e + 1];
-          if (kDq && p.normalize) x0 += wt.dd[q & 1], x1 += wt.dd[q & 1];
-          if (kDk && p.normalize) x0 += dd_cols[col], x1 += dd_cols[col + 1];
-          x0 = (Info::reverse ? col >= r : col <= r) ? x0 : 0.f;
-          x1 = (Info::reverse ? col + 1 >= r : col + 1 <= r) ? x1 : 0.f;
-          rowsum[q & 1] += x0 + x1;
-          pa[j][q] = pack2<T>(x0, x1);
-        }
+          for (int q = 0; q < 4; ++q) {
+            const int e = 8 * j + 2 * q, r = wg_acc_row(tid, e), col = wg_acc_col(tid, e);
+            float x0 = P[e], x1 = P[e + 1];
+            if (kDq && p.normalize) x0 += wt.dd[q & 1], x1 += wt.dd[q & 1];
+            if (dd_col_terms && p.normalize) x0 += dd_cols[col], x1 += dd_cols[col + 1];
+            x0 = (Info::reverse ? col >= r : col <= r) ? x0 : 0.f;
+            x1 = (Info::reverse ? col + 1 >= r : col + 1 <= r) ? x1 : 0.f;
+            rowsum[q & 1] += x0 + x1;
+            pa[j][q] = pack2<T>(x0, x1);
+          }
+      };
+      mask_scores(kDk);
       wg_wait_all();  // A S
       wg_hold(O);
-      if constexpr (kDq || kDk) {
+      if constexpr (kDkv) wg_hold(O2);
+      if constexpr (kDq || kDk || kDkv) {
         if (p.normalize && fresh_output) {  // O += dd_t z (dq) or dz (dk) on the output columns
+          float(&dz_target)[32] = kDkv ? O2 : O;
 #pragma unroll
-          for (int e = 0; e < 32; ++e) O[e] += (kDq ? wt.dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(tid, e)];
+          for (int e = 0; e < 32; ++e) dz_target[e] += (kDq ? wt.dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(tid, e)];
         }
       }
+      // P Cv; in the fused sweep, dk's scores P = V dout^T join its stage (P is free, pa still read)
       auto pv = [&]() {
 #pragma unroll
         for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O, pa[j], wg_descriptor(Ct, 2048 * j), 1);
+        if constexpr (kDkv) {
+#pragma unroll
+          for (int j = 0; j < DI / 16; ++j)
+            wg_mma_ss<T, 0, 0>(P, wg_descriptor(Vt, along(j)), wg_descriptor(Ct, along(j)), j > 0);
+        }
       };
       wg_hold(O);
+      if constexpr (kDkv) wg_hold(O2);
       hold_state();
       wg_hold(pa);
       wg_fence();
@@ -348,6 +381,18 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
       wg_commit();
       wg_wait_all();
       wg_hold(O);
+      if constexpr (kDkv) {  // ---- dk: mask P (+ dd_t), O' += P Q --------------------------------
+        wg_hold(P);
+        mask_scores(true);
+        wg_hold(O2);
+        wg_hold(pa);
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O2, pa[j], wg_descriptor(Bt, 2048 * j), 1);
+        wg_commit();
+        wg_wait_all();
+        wg_hold(O2);
+      }
 
       // ---- epilogue: one output per query head, or the group's sum after its last head -------------
       auto epilogue = [&]() {
@@ -371,27 +416,33 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
             }
           }
         }
-        const MutView out = kFwd ? p.o : kDq ? p.dq : kDk ? p.dk : p.dv;  // by value: see tc_view
         const int64_t out_head = Info::group_sum ? g : s.h;
-        const bool dphi_of = (kDq || kDk) && p.feature_map != FeatureMap::kIdentity;
-        // the thread's two rows: r0 and r0 + 8
-        const int r0 = wg_acc_row(tid, 0);
-        T* const o0 = row<T>(out, seq.b, s.t0 + r0, out_head) + c0 + wg_acc_col(tid, 0);
-        T* const orow[2] = {o0, o0 + 8 * out.stride_t};
-        const ConstView raw_view = kDq ? p.q : p.k;
-        const T* const raw0 = dphi_of ? row<T>(raw_view, seq.b, s.t0 + r0, out_head) + c0 + wg_acc_col(tid, 0) : nullptr;
+        const bool phi_used = p.feature_map != FeatureMap::kIdentity;
+        // acc's rows times inv (and phi' of the raw input's rows) into out: the thread's rows r0, r0 + 8;
+        // the views by value (see tc_view)
+        auto write_rows = [&](const MutView out, const float(&acc)[32], bool dphi_of, const ConstView raw_view) {
+          const int r0 = wg_acc_row(tid, 0);
+          T* const o0 = row<T>(out, seq.b, s.t0 + r0, out_head) + c0 + wg_acc_col(tid, 0);
+          T* const orow[2] = {o0, o0 + 8 * out.stride_t};
+          const T* const raw0 = dphi_of ? row<T>(raw_view, seq.b, s.t0 + r0, out_head) + c0 + wg_acc_col(tid, 0) : nullptr;
 #pragma unroll
-        for (int e = 0; e < 32; e += 2) {
-          const int half = (e >> 1) & 1;
-          if (r0 + 8 * half >= s.cl) continue;
-          float x0 = O[e] * inv[half], x1 = O[e + 1] * inv[half];
-          if (dphi_of) {
-            const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(raw0 + 8 * half * raw_view.stride_t + 8 * (e >> 2)));
-            x0 *= dphi(p.feature_map, q2.x);
-            x1 *= dphi(p.feature_map, q2.y);
+          for (int e = 0; e < 32; e += 2) {
+            const int half = (e >> 1) & 1;
+            if (r0 + 8 * half >= s.cl) continue;
+            float x0 = acc[e] * inv[half], x1 = acc[e + 1] * inv[half];
+            if (dphi_of) {
+              const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(raw0 + 8 * half * raw_view.stride_t + 8 * (e >> 2)));
+              x0 *= dphi(p.feature_map, q2.x);
+              x1 *= dphi(p.feature_map, q2.y);
+            }
+            *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = pack2<T>(x0, x1);
           }
-          *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = pack2<T>(x0, x1);
-        }
+        };
+        if constexpr (kFwd) write_rows(p.o, O, false, p.q);
+        if constexpr (kDq) write_rows(p.dq, O, phi_used, p.q);
+        if constexpr (kDk) write_rows(p.dk, O, phi_used, p.k);
+        if constexpr (Info::dv_like) write_rows(p.dv, O, false, p.k);
+        if constexpr (kDkv) write_rows(p.dk, O2, phi_used, p.k);
       };
       // At DI = 128 the epilogue runs while S += B^T Cv does; at DI = 64 its second copy (one per
       // branch) made the forward spill 64 bytes instead of 8 under the 3-blocks-per-SM budget.
@@ -421,6 +472,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
         if constexpr (kFwd) wg_add_column_sums<T, KT>(Bt, nullptr, z, tid);  // z += colsum phi(k)
         if constexpr (kDq) wg_add_column_sums<T, 1>(Ct, nullptr, z, tid);   // z += colsum phi(k), columns
         if constexpr (kDk) wg_add_column_sums<T, 1>(Ct, dd_cols, z, tid);   // dz += sum_t dd_t phi(q_t)
+        if constexpr (kDkv) wg_add_column_sums<T, 1>(Bt, dd_cols, z, tid);  // the same: Q is the B tile here
       }
       if (!split.state_only) publish_state();
     }
@@ -436,14 +488,14 @@ __global__ void __launch_bounds__(kTcThreads, WgLayout<DI>::min_blocks)
     return;
   }
   if (seg != split.segments - 1) return;
-  if constexpr (kFwd || R == TcRole::kGradV) {
+  if constexpr (kFwd || Info::dv_like) {
     float* final_S = static_cast<float*>(kFwd ? p.final_S : p.d_initial_S);
     if (final_S != nullptr) for_each_state([&](float& x, int d, int c) { final_S[mat_index(d, c)] = x; });
   }
   if constexpr (kFwd) {
     if (p.final_z != nullptr && tile == 0 && tid < DI) static_cast<float*>(p.final_z)[state_row * K + tid] = z[tid];
   }
-  if constexpr (kDk) {
+  if constexpr (kDk || kDkv) {
     if (p.normalize && p.d_initial_z != nullptr && tid < D) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + tid] = z[tid];
   }
 #elif defined(__CUDA_ARCH__)

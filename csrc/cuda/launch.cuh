@@ -176,22 +176,30 @@ Status join_sweeps(void* main, const SweepFork& fork);
 // backward's dq, dk and dv sweeps (K, V in {64, 128}; the den sweep stays on mma.sync) on sm_90a
 // builds and devices, with phi(q), phi(k) from the workspace when there is a feature map (without a
 // workspace, the mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA is a mask (bit 0 the forward,
-// bit 1 the backward; default 3, 0 keeps the mma.sync scans), for measuring one against the other.
-// wgmma_planned decides the workspace's partials, so it must not depend on anything but p and the device.
+// bit 1 the backward, bit 2 dk and dv in one sweep at K = V = 64; default 7, 0 keeps the mma.sync
+// scans), for measuring one against the other. wgmma_planned decides the workspace's partials, so it
+// must not depend on anything but p and the device.
+inline int wgmma_mask() {
+  static const int mask = [] {
+    const char* env = std::getenv("ATTNRNN_TC_WGMMA");
+    return env == nullptr ? 7 : std::atoi(env);
+  }();
+  return mask;
+}
 inline bool wgmma_planned(const LinearAttnParams& p, bool backward) {
 #if defined(ATTNRNN_WGMMA)
-  static const int enabled = [] {
-    const char* env = std::getenv("ATTNRNN_TC_WGMMA");
-    return env == nullptr ? 3 : std::atoi(env);
-  }();
   auto dim_ok = [](int64_t d) { return d == 64 || d == 128; };
   const bool dims = dim_ok(p.head_dim_k) && (!backward || dim_ok(p.head_dim_v));
-  return (enabled & (backward ? 2 : 1)) != 0 && dims && wgmma_device();
+  return (wgmma_mask() & (backward ? 2 : 1)) != 0 && dims && wgmma_device();
 #else
   (void)p;
   (void)backward;
   return false;
 #endif
+}
+// The backward's dk and dv as one wgmma sweep (chunk_wg.cuh, kGradKV): K = V = 64.
+inline bool wgmma_fused_dkv(const LinearAttnParams& p) {
+  return (wgmma_mask() & 4) != 0 && p.head_dim_k == 64 && p.head_dim_v == 64 && wgmma_planned(p, true);
 }
 inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatures& feat) {
   return wgmma_planned(p, backward) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr);
@@ -201,17 +209,17 @@ inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatu
 // and dv's over V, dq's and dk's over K) and the segment rule of the tensor-core scan.
 template <TcRole R>
 int64_t wg_tiles(const LinearAttnParams& p) {
-  return (R == TcRole::kForward || R == TcRole::kGradV ? p.head_dim_v : p.head_dim_k) / 64;
+  return (R == TcRole::kForward || TcRoleInfo<R>::dv_like ? p.head_dim_v : p.head_dim_k) / 64;
 }
 template <TcRole R, int DI>
 int wg_segments(const LinearAttnParams& p) {
-  return tc_segments(p, num_states(p) * p.num_kv_heads * wg_tiles<R>(p), WgLayout<DI>::min_blocks);
+  return tc_segments(p, num_states(p) * p.num_kv_heads * wg_tiles<R>(p), WgLayoutOf<R, DI>::min_blocks);
 }
 template <TcRole R, int DI>
 int64_t wg_partial_floats(const LinearAttnParams& p) {
   const int64_t segments = wg_segments<R, DI>(p);
   if (segments <= 1) return 0;
-  return segments * num_states(p) * p.num_kv_heads * wg_tiles<R>(p) * WgLayout<DI>::partial_floats;
+  return segments * num_states(p) * p.num_kv_heads * wg_tiles<R>(p) * WgLayoutOf<R, DI>::partial_floats;
 }
 template <TcRole R>
 int64_t wg_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
@@ -238,7 +246,9 @@ inline BwdPartials bwd_partials(const LinearAttnParams& p) {
   const bool wg = wgmma_planned(p, true);
   const int64_t den = p.normalize ? tc_partial_floats_of<TcRole::kDen>(p, K) : 0;
   const int64_t dq = wg ? wg_partial_floats_of<TcRole::kGradQ>(p, V) : tc_partial_floats_of<TcRole::kGradQ>(p, V);
-  const int64_t dk = wg ? wg_partial_floats_of<TcRole::kGradK>(p, V) : tc_partial_floats_of<TcRole::kGradK>(p, V);
+  // the dk region also holds the fused dk + dv sweep's partials where that sweep may run
+  const int64_t dk = std::max(wg ? wg_partial_floats_of<TcRole::kGradK>(p, V) : tc_partial_floats_of<TcRole::kGradK>(p, V),
+                              wgmma_fused_dkv(p) ? wg_partial_floats<TcRole::kGradKV, 64>(p) : int64_t(0));
   const int64_t dv = wg ? wg_partial_floats_of<TcRole::kGradV>(p, K) : tc_partial_floats_of<TcRole::kGradV>(p, K);
   const int64_t dk_offset = round256(4 * std::max(den, dq));
   return BwdPartials{dk_offset, dk_offset + round256(4 * dk), 4 * dv};
@@ -295,7 +305,7 @@ Status compute_features(const LinearAttnParams& p, bool backward, TcFeatures& fe
 
 template <class T, TcRole R, int DI>
 Status launch_wg_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
-  return launch_sweep(chunk_wg_kernel<T, R, DI>, WgLayout<DI>::smem_bytes, p, partial, wg_segments<R, DI>(p),
+  return launch_sweep(chunk_wg_kernel<T, R, DI>, WgLayoutOf<R, DI>::smem_bytes, p, partial, wg_segments<R, DI>(p),
                       wg_tiles<R>(p), feat, what);
 }
 template <class T, TcRole R>
@@ -353,8 +363,13 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   using GradK = std::integral_constant<TcRole, TcRole::kGradK>;
   using GradV = std::integral_constant<TcRole, TcRole::kGradV>;
   if (s == Status::kSuccess) s = sweep(GradQ{}, p, V, partial, "chunk_linear_attn backward (dq)");
-  if (s == Status::kSuccess) s = sweep(GradK{}, on_side[0], V, dk_partial, "chunk_linear_attn backward (dk)");
-  if (s == Status::kSuccess) s = sweep(GradV{}, on_side[1], K, dv_partial, "chunk_linear_attn backward (dv)");
+  if (wg && wgmma_fused_dkv(p)) {  // dk and dv from one state: one sweep in the dk region
+    if (s == Status::kSuccess)
+      s = launch_wg_role<T, TcRole::kGradKV, 64>(on_side[0], dk_partial, feat, "chunk_linear_attn backward (dk, dv)");
+  } else {
+    if (s == Status::kSuccess) s = sweep(GradK{}, on_side[0], V, dk_partial, "chunk_linear_attn backward (dk)");
+    if (s == Status::kSuccess) s = sweep(GradV{}, on_side[1], K, dv_partial, "chunk_linear_attn backward (dv)");
+  }
   const Status joined = join_sweeps(p.stream, fork);  // always: a capture must not end with a fork open
   return s != Status::kSuccess ? s : joined;
 }

@@ -228,15 +228,16 @@ def test_ops_run_on_the_current_stream(ar):
 
 # ATTNRNN_BWD_CONCURRENT=0 (read once per process) runs the backward's dq, dk and dv sweeps one
 # after another on the call's stream instead of overlapping them on side streams; ATTNRNN_TC_WGMMA
-# picks the wgmma sweeps (3) or the mma.sync ones (1: the forward only on wgmma).
+# picks the wgmma sweeps with dk and dv fused at K = V = 64 (7), apart (3), or the mma.sync ones
+# (1: the forward only on wgmma).
 _SWEEPS_RUN = """
 import sys, torch
-sys.path[:0] = sys.argv[2:]
+sys.path[:0] = sys.argv[3:]
 import attnrnn
 from cases import Case, make_inputs, run
-from test_cuda import OVERLAP_CASES
+import test_cuda
 torch.save([{k: v.cpu() for k, v in run(attnrnn.chunk_linear_attn, c, make_inputs(c, "cuda")).items()}
-            for c in OVERLAP_CASES], sys.argv[1])
+            for c in getattr(test_cuda, sys.argv[2])], sys.argv[1])
 """
 OVERLAP_CASES = [
     Case(2, 300, 4, 64, bf16, Hkv=2, initial_state=True, final_state=True),
@@ -244,19 +245,39 @@ OVERLAP_CASES = [
 ]
 
 
-def _sweeps_in_subprocess(path, **env):
-    subprocess.run([sys.executable, "-c", _SWEEPS_RUN, str(path), *sys.path], env=dict(os.environ, **env),
+def _sweeps_in_subprocess(path, cases="OVERLAP_CASES", **env):
+    subprocess.run([sys.executable, "-c", _SWEEPS_RUN, str(path), cases, *sys.path], env=dict(os.environ, **env),
                    check=True)
     return torch.load(path)
 
 
-@pytest.mark.parametrize("wgmma", ["3", "1"], ids=["wgmma-sweeps", "mma-sync-sweeps"])
+@pytest.mark.parametrize("wgmma", ["7", "3", "1"], ids=["wgmma-fused-dkv", "wgmma-sweeps", "mma-sync-sweeps"])
 def test_backward_sweeps_overlapped_or_in_one_stream_agree_bitwise(ar, tmp_path, wgmma):
     overlapped = _sweeps_in_subprocess(tmp_path / "overlapped.pt", ATTNRNN_BWD_CONCURRENT="1", ATTNRNN_TC_WGMMA=wgmma)
     one_stream = _sweeps_in_subprocess(tmp_path / "one.pt", ATTNRNN_BWD_CONCURRENT="0", ATTNRNN_TC_WGMMA=wgmma)
     for case, a, b in zip(OVERLAP_CASES, overlapped, one_stream):
         for name in a:
             assert torch.equal(a[name], b[name]), f"{case.id}: {name}"
+
+
+# dk and dv from one sweep (K = V = 64, the default) against the two sweeps: GQA, states, two-pass
+# sweeps, varlen, fp16, a feature map, both normalize modes. (Both also meet the rules against the
+# float64 reference: the fused sweep is what the other K = V = 64 tests run.)
+FUSED_DKV_CASES = [
+    Case(2, 300, 4, 64, bf16, Hkv=2, initial_state=True, final_state=True),
+    Case(1, 3000, 2, 64, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 333, 4, 64, fp16, Hkv=1, feature_map="relu", seqlens=(0, 64, 1, 200, 68)),
+]
+
+
+def test_fused_dk_dv_sweep_agrees_with_the_two_sweeps(ar, tmp_path):
+    fused = _sweeps_in_subprocess(tmp_path / "fused.pt", "FUSED_DKV_CASES", ATTNRNN_TC_WGMMA="7")
+    apart = _sweeps_in_subprocess(tmp_path / "apart.pt", "FUSED_DKV_CASES", ATTNRNN_TC_WGMMA="3")
+    for case, a, b in zip(FUSED_DKV_CASES, fused, apart):
+        for name in a:
+            assert torch.isfinite(a[name]).all(), f"{case.id}: {name}"
+            if a[name].numel():
+                assert relative_rms(a[name], b[name]) < 4e-3, f"{case.id}: {name}"
 
 
 def test_forward_backward_under_cuda_graph_replay(ar):
