@@ -33,7 +33,7 @@ struct WgLayout {
   static constexpr int stages = 2;
   // A, B tiles, the Cv tile, and the fused dk + dv sweep's V tile
   static constexpr int stage = (2 * KT + 1 + (kFourTiles ? 1 : 0)) * kWgTileBytes;
-  // shared memory: 65 / 113 KiB per block (83 KiB with four tiles, and registers for two outputs)
+  // shared memory: 65 / 113 KiB per block (81 KiB with four tiles, and registers for two outputs)
   static constexpr int min_blocks = DI == 64 && !kFourTiles ? 3 : 2;
   static constexpr int z_floats = DI > 64 ? DI : 64;         // z on the inner dims or the 64 columns
   // floats after the tiles: the dk sweep's dd [stages][64], then z; the base is 1024-byte aligned
@@ -325,10 +325,10 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(At, along(j)), wg_descriptor(Sl, down(j)), 1);
         if constexpr (kDkv) {  // dk's V S^T: the state tiles as a K-major operand (rows are dk's columns)
 #pragma unroll
-          for (int j = 0; j < DI / 16; ++j)
+          for (int j = 0; j < D / 16; ++j)
             wg_mma_ss<T, 0, 0>(O2, wg_descriptor(Vt, along(j)), wg_descriptor(Sh, along(j)), j > 0);
 #pragma unroll
-          for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 0>(O2, wg_descriptor(Vt, along(j)), wg_descriptor(Sl, along(j)), 1);
+          for (int j = 0; j < D / 16; ++j) wg_mma_ss<T, 0, 0>(O2, wg_descriptor(Vt, along(j)), wg_descriptor(Sl, along(j)), 1);
         }
         wg_commit();
       }
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O, pa[j], wg_descriptor(Ct, 2048 * j), 1);
         if constexpr (kDkv) {
 #pragma unroll
-          for (int j = 0; j < DI / 16; ++j)
+          for (int j = 0; j < D / 16; ++j)
             wg_mma_ss<T, 0, 0>(P, wg_descriptor(Vt, along(j)), wg_descriptor(Ct, along(j)), j > 0);
         }
       };

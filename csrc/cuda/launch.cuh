@@ -342,7 +342,8 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   if (s != Status::kSuccess) return s;
   // dq, dk and dv read the same inputs and write disjoint outputs (each its own partials): dk and dv
   // run on two side streams forked from p.stream and joined back into it, so that at shapes whose
-  // blocks leave SMs idle the three sweeps' step chains overlap instead of following each other.
+  // blocks leave SMs idle the sweeps' step chains overlap instead of following each other. At
+  // K = V = 64 one sweep makes both (wgmma_fused_dkv), on the first side stream.
   const BwdPartials r = bwd_partials(p);
   char* base = reinterpret_cast<char*>(partial);
   LinearAttnParams on_side[2] = {p, p};

@@ -266,6 +266,7 @@ def test_backward_sweeps_overlapped_or_in_one_stream_agree_bitwise(ar, tmp_path,
 FUSED_DKV_CASES = [
     Case(2, 300, 4, 64, bf16, Hkv=2, initial_state=True, final_state=True),
     Case(1, 3000, 2, 64, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 3000, 2, 64, bf16, initial_state=True, final_state=True),  # two-pass with dz partials
     Case(1, 333, 4, 64, fp16, Hkv=1, feature_map="relu", seqlens=(0, 64, 1, 200, 68)),
 ]
 
