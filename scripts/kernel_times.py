@@ -41,6 +41,7 @@ def main():
                 o = attnrnn.chunk_linear_attn(q, k, v, normalize=normalize)[0]
                 if backward:
                     o.backward(do)
+                    q.grad = k.grad = v.grad = None  # else each rep adds its gradients into .grad
             for _ in range(3):
                 call()
             torch.cuda.synchronize()
