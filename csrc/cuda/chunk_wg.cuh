@@ -21,34 +21,12 @@
 #pragma once
 
 #include "chunk_tc_plan.cuh"
+#include "chunk_wg_tiles.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
 #include "wgmma_sums.cuh"
 
 namespace attnrnn::cuda {
-
-template <int DI, bool kFourTiles = false>
-struct WgLayout {
-  static constexpr int KT = DI / 64;  // 64-dim tiles of A, B and S
-  static constexpr int stages = 2;
-  // A, B tiles, the Cv tile, and the fused dk + dv sweep's V tile
-  static constexpr int stage = (2 * KT + 1 + (kFourTiles ? 1 : 0)) * kWgTileBytes;
-  // shared memory: 65 / 113 KiB per block (81 KiB with four tiles, and registers for two outputs)
-  static constexpr int min_blocks = DI == 64 && !kFourTiles ? 3 : 2;
-  static constexpr int z_floats = DI > 64 ? DI : 64;         // z on the inner dims or the 64 columns
-  // floats after the tiles: the dk sweep's dd [stages][64], then z; the base is 1024-byte aligned
-  // (no slack: at DI = 128 the block uses exactly half an SM's shared memory)
-  static constexpr int dd = 0, z = stages * kTcChunk, floats = z + z_floats;
-  static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + floats * 4;
-  static constexpr int64_t partial_floats = DI * 64 + z_floats;  // S [DI][64], then z
-  static_assert(DI == 64 || DI == 128, "inner dim 64 or 128");
-  static_assert(!kFourTiles || DI == 64, "the fused dk + dv sweep is for K = V = 64");
-  // 228 KiB per SM on sm_90, and 1 KiB of each block's is reserved by the system
-  static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
-};
-
-template <TcRole R, int DI>
-using WgLayoutOf = WgLayout<DI, R == TcRole::kGradKV>;
 
 template <class T, TcRole R, int DI>
 __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
@@ -67,10 +45,6 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   unsigned char* Sl = Sh + KT * kWgTileBytes;
   float* fl = reinterpret_cast<float*>(Sl + KT * kWgTileBytes);
   float* z = fl + L::z;
-  // Byte offset of element (r, d) in a group of 64-column tiles (A and B tiles hold dims d, S_hi and
-  // S_lo tiles output columns; a state row r = 64 h + r' of S tile h is at(64 h + r', c), since
-  // 64 rows are exactly one tile and the swizzle depends on r mod 8 only).
-  auto at = [](int r, int d) { return wg_at(r, d); };
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
   const int64_t out_cols = (kFwd || Info::dv_like) ? V : K;
@@ -123,29 +97,8 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + tid];
     z[tid] = x;
   }
-  // S as 16-bit hi + lo tiles [d][c] for the products A S.
-  // Pair p = i / 2 of an accumulator is the 8 x 8 matrix (rows 16 w + 8 (p % 2) + [0, 8), columns
-  // 8 (p / 2) + [0, 8)) of warp w, in stmatrix's layout: four pairs per stsm_x4, each lane giving
-  // the row address of matrix lane / 8 (a 16-byte piece of a swizzled row).
-  auto publish_state = [&]() {
-    const int lane = tid % 32;
-#pragma unroll
-    for (int h = 0; h < KT; ++h)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        uint32_t hi[4], lo[4];
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const int i = 2 * (4 * q + m);
-          hi[m] = pack2<T>(S[h][i], S[h][i + 1]);
-          const float2 back = unpack2<T>(hi[m]);
-          lo[m] = pack2<T>(S[h][i] - back.x, S[h][i + 1] - back.y);
-        }
-        const int p = 4 * q + lane / 8, off = at(64 * h + 16 * (tid / 32) + 8 * (p % 2) + lane % 8, 8 * (p / 2));
-        stsm_x4(Sh + off, hi);
-        stsm_x4(Sl + off, lo);
-      }
-  };
+  // S as 16-bit hi + lo tiles [d][c] for the products A S
+  auto publish_state = [&]() { wg_publish_state<T, KT>(S, Sh, Sl, tid); };
   if (!split.state_only) publish_state();
 
   // ---- the steps: (chunk, query head) pairs of this segment, in sweep order ---------------------
@@ -170,31 +123,15 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   auto advance = [&](Walk& w) {
     if (++w.hi == heads) w.hi = 0, ++w.ci;
   };
-  // A tile source: this thread's 16-byte piece of row 0 of sequence seq.b at token 0, head 0, and the
-  // strides to move from there; hoisted so that a step costs one address per source.
-  struct Source {
-    const T* base;
-    int64_t stride_t, stride_h;
-  };
-  const int piece = tid % 8;
+  // the operands' tile sources, hoisted (WgSource); tiles are laid out by wg_at (wgmma.cuh)
   auto source = [&](const ConstView& v, int col0) {
-    return Source{static_cast<const T*>(v.data) + seq.b * v.stride_b + col0 + piece * 8, v.stride_t, v.stride_h};
+    return WgSource<T>{static_cast<const T*>(v.data) + seq.b * v.stride_b + col0 + (tid % 8) * 8, v.stride_t, v.stride_h};
   };
-  const Source a_src = source(tc_view(p, feat, Info::a), 0), b_src = source(tc_view(p, feat, Info::b), 0),
-               c_src = source(tc_view(p, feat, Info::c), c0), v_src = source(p.v, 0);
+  const WgSource<T> a_src = source(tc_view(p, feat, Info::a), 0), b_src = source(tc_view(p, feat, Info::b), 0),
+                    c_src = source(tc_view(p, feat, Info::c), c0), v_src = source(p.v, 0);
   auto head_of = [&](TcSrc src, const Step& s) { return per_query_head(src) ? s.h : g; };
-  // `width` columns of the chunk's rows into 64-column tiles; rows past the chunk's end arrive as
-  // zeros. Thread tid copies piece tid % 8 of each 64-column tile of rows tid / 8 + 16 j.
-  auto load_tiles = [&](unsigned char* dst, const Source& src, int64_t head, int width, const Step& s) {
-    const T* chunk = src.base + s.t0 * src.stride_t + head * src.stride_h;
-#pragma unroll
-    for (int j = 0; j < C / 16; ++j) {
-      const int r = tid / 8 + 16 * j;
-      const bool valid = r < s.cl;
-      const T* from = valid ? chunk + r * src.stride_t : src.base;
-#pragma unroll
-      for (int d0 = 0; d0 < width; d0 += 64) cp_async16(dst + at(r, d0 + piece * 8), from + (valid ? d0 : 0), valid);
-    }
+  auto load_tiles = [&](unsigned char* dst, const WgSource<T>& src, int64_t head, int width, const Step& s) {
+    wg_load_tiles<T>(dst, src, head, width, s.t0, s.cl, tid);
   };
   // The backward's per-token weights of a step, loaded before its tiles are waited for: w of the rows
   // this thread copies (it scales its own pieces of the dout tile) and, for dq, dd of its two
@@ -232,24 +169,9 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
       cp_async4(fl + L::dd + (i % NS) * C + tid, ws_dd + (valid ? token_index(p, seq, s.t0 + tid, s.h) : 0), valid);
     }
   };
-  // dout rows times w, in place: this thread's own pieces, which the wait has made visible to it.
+  // dout rows times w, in place
   auto scale_dout = [&](unsigned char* tile, int width, const Step& s, const Weights& wt) {
-#pragma unroll
-    for (int j = 0; j < C / 16; ++j) {
-      const int r = tid / 8 + 16 * j;
-      if (r >= s.cl) continue;
-      for (int d0 = 0; d0 < width; d0 += 64) {
-        uint4* x = reinterpret_cast<uint4*>(tile + at(r, d0 + piece * 8));
-        uint4 v = *x;
-        uint32_t* u = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = unpack2<T>(u[e]);
-          u[e] = pack2<T>(f.x * wt.w[j], f.y * wt.w[j]);
-        }
-        *x = v;
-      }
-    }
+    wg_scale_rows<T>(tile, width, s.cl, wt.w, tid);
   };
 
   auto update_state = [&](const unsigned char* Bt, const unsigned char* Ct) {  // S += B^T Cv, per 64 dims
@@ -418,25 +340,8 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         }
         const int64_t out_head = Info::group_sum ? g : s.h;
         const bool phi_used = p.feature_map != FeatureMap::kIdentity;
-        // acc's rows times inv (and phi' of the raw input's rows) into out: the thread's rows r0, r0 + 8;
-        // the views by value (see tc_view)
         auto write_rows = [&](const MutView out, const float(&acc)[32], bool dphi_of, const ConstView raw_view) {
-          const int r0 = wg_acc_row(tid, 0);
-          T* const o0 = row<T>(out, seq.b, s.t0 + r0, out_head) + c0 + wg_acc_col(tid, 0);
-          T* const orow[2] = {o0, o0 + 8 * out.stride_t};
-          const T* const raw0 = dphi_of ? row<T>(raw_view, seq.b, s.t0 + r0, out_head) + c0 + wg_acc_col(tid, 0) : nullptr;
-#pragma unroll
-          for (int e = 0; e < 32; e += 2) {
-            const int half = (e >> 1) & 1;
-            if (r0 + 8 * half >= s.cl) continue;
-            float x0 = acc[e] * inv[half], x1 = acc[e + 1] * inv[half];
-            if (dphi_of) {
-              const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(raw0 + 8 * half * raw_view.stride_t + 8 * (e >> 2)));
-              x0 *= dphi(p.feature_map, q2.x);
-              x1 *= dphi(p.feature_map, q2.y);
-            }
-            *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = pack2<T>(x0, x1);
-          }
+          wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, raw_view, seq.b, s.t0, s.cl, out_head, c0, tid);
         };
         if constexpr (kFwd) write_rows(p.o, O, false, p.q);
         if constexpr (kDq) write_rows(p.dq, O, phi_used, p.q);

@@ -1,0 +1,136 @@
+// The wgmma sweep's (chunk_wg.cuh) shared memory and the moves of its tiles: the block's layout,
+// chunk rows into swizzled tiles, dout rows scaled in place, the state published as 16-bit hi / lo
+// tiles, and accumulator rows out to global memory. Thread tid of the 128 copies piece tid % 8 (16
+// bytes) of rows tid / 8 + 16 j of each 64-column tile; accumulators are in wgmma.cuh's layout.
+#pragma once
+
+#include "chunk_tc_plan.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+namespace attnrnn::cuda {
+
+template <int DI, bool kFourTiles = false>
+struct WgLayout {
+  static constexpr int KT = DI / 64;  // 64-dim tiles of A, B and S
+  static constexpr int stages = 2;
+  // A, B tiles, the Cv tile, and the fused dk + dv sweep's V tile
+  static constexpr int stage = (2 * KT + 1 + (kFourTiles ? 1 : 0)) * kWgTileBytes;
+  // shared memory: 65 / 113 KiB per block (81 KiB with four tiles, and registers for two outputs)
+  static constexpr int min_blocks = DI == 64 && !kFourTiles ? 3 : 2;
+  static constexpr int z_floats = DI > 64 ? DI : 64;         // z on the inner dims or the 64 columns
+  // floats after the tiles: the dk sweep's dd [stages][64], then z; the base is 1024-byte aligned
+  // (no slack: at DI = 128 the block uses exactly half an SM's shared memory)
+  static constexpr int dd = 0, z = stages * kTcChunk, floats = z + z_floats;
+  static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + floats * 4;
+  static constexpr int64_t partial_floats = DI * 64 + z_floats;  // S [DI][64], then z
+  static_assert(DI == 64 || DI == 128, "inner dim 64 or 128");
+  static_assert(!kFourTiles || DI == 64, "the fused dk + dv sweep is for K = V = 64");
+  // 228 KiB per SM on sm_90, and 1 KiB of each block's is reserved by the system
+  static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
+};
+
+template <TcRole R, int DI>
+using WgLayoutOf = WgLayout<DI, R == TcRole::kGradKV>;
+
+// A tile source: this thread's 16-byte piece of row 0 of one sequence at token 0, head 0, and the
+// strides to move from there; hoisted so that a step costs one address per source.
+template <class T>
+struct WgSource {
+  const T* base;
+  int64_t stride_t, stride_h;
+};
+
+// `width` columns of a chunk's rows (from token t0, cl of them valid) into 64-column tiles at dst;
+// rows past the chunk's end arrive as zeros.
+template <class T>
+__device__ __forceinline__ void wg_load_tiles(unsigned char* dst, const WgSource<T>& src, int64_t head, int width,
+                                              int64_t t0, int cl, int tid) {
+  const T* chunk = src.base + t0 * src.stride_t + head * src.stride_h;
+  const int piece = tid % 8;
+#pragma unroll
+  for (int j = 0; j < kTcChunk / 16; ++j) {
+    const int r = tid / 8 + 16 * j;
+    const bool valid = r < cl;
+    const T* from = valid ? chunk + r * src.stride_t : src.base;
+#pragma unroll
+    for (int d0 = 0; d0 < width; d0 += 64) cp_async16(dst + wg_at(r, d0 + piece * 8), from + (valid ? d0 : 0), valid);
+  }
+}
+
+// dout rows times w (w[j] for row tid / 8 + 16 j), in place: this thread's own pieces, which its
+// cp.async wait has made visible to it.
+template <class T>
+__device__ __forceinline__ void wg_scale_rows(unsigned char* tile, int width, int cl, const float (&w)[kTcChunk / 16],
+                                              int tid) {
+  const int piece = tid % 8;
+#pragma unroll
+  for (int j = 0; j < kTcChunk / 16; ++j) {
+    const int r = tid / 8 + 16 * j;
+    if (r >= cl) continue;
+    for (int d0 = 0; d0 < width; d0 += 64) {
+      uint4* x = reinterpret_cast<uint4*>(tile + wg_at(r, d0 + piece * 8));
+      uint4 v = *x;
+      uint32_t* u = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = unpack2<T>(u[e]);
+        u[e] = pack2<T>(f.x * w[j], f.y * w[j]);
+      }
+      *x = v;
+    }
+  }
+}
+
+// The state S [64 KT rows][64 columns] (KT accumulators) as 16-bit hi + lo tiles [d][c] for the
+// products A S. Pair p = i / 2 of an accumulator is the 8 x 8 matrix (rows 16 w + 8 (p % 2) + [0, 8),
+// columns 8 (p / 2) + [0, 8)) of warp w, in stmatrix's layout: four pairs per stsm_x4, each lane giving
+// the row address of matrix lane / 8 (a 16-byte piece of a swizzled row).
+template <class T, int KT>
+__device__ __forceinline__ void wg_publish_state(const float (&S)[KT][32], unsigned char* Sh, unsigned char* Sl,
+                                                 int tid) {
+  const int lane = tid % 32;
+#pragma unroll
+  for (int h = 0; h < KT; ++h)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int i = 2 * (4 * q + m);
+        hi[m] = pack2<T>(S[h][i], S[h][i + 1]);
+        const float2 back = unpack2<T>(hi[m]);
+        lo[m] = pack2<T>(S[h][i] - back.x, S[h][i + 1] - back.y);
+      }
+      const int p = 4 * q + lane / 8, off = wg_at(64 * h + 16 * (tid / 32) + 8 * (p % 2) + lane % 8, 8 * (p / 2));
+      stsm_x4(Sh + off, hi);
+      stsm_x4(Sl + off, lo);
+    }
+}
+
+// An accumulator's rows times inv (and, with dphi_of, phi' of the raw input's rows) into out at
+// columns c0 + [0, 64): this thread's rows r0 and r0 + 8 of the chunk from token t0 (cl valid).
+// The views come by value (see tc_view).
+template <class T>
+__device__ __forceinline__ void wg_write_rows(const MutView out, const float (&acc)[32], const float (&inv)[2],
+                                              FeatureMap fm, bool dphi_of, const ConstView raw, int64_t b,
+                                              int64_t t0, int cl, int64_t head, int c0, int tid) {
+  const int r0 = wg_acc_row(tid, 0);
+  T* const o0 = row<T>(out, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0);
+  T* const orow[2] = {o0, o0 + 8 * out.stride_t};
+  const T* const raw0 = dphi_of ? row<T>(raw, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0) : nullptr;
+#pragma unroll
+  for (int e = 0; e < 32; e += 2) {
+    const int half = (e >> 1) & 1;
+    if (r0 + 8 * half >= cl) continue;
+    float x0 = acc[e] * inv[half], x1 = acc[e + 1] * inv[half];
+    if (dphi_of) {
+      const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(raw0 + 8 * half * raw.stride_t + 8 * (e >> 2)));
+      x0 *= dphi(fm, q2.x);
+      x1 *= dphi(fm, q2.y);
+    }
+    *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = pack2<T>(x0, x1);
+  }
+}
+
+}  // namespace attnrnn::cuda
