@@ -3,8 +3,8 @@
 # optionally compute-sanitizer and the benchmarks. Logs and JSON go to $OUT (default ./out).
 #   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [wgmma] [overlap] [bench] [fla] [multigpu]
 # TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python; SANITIZE_TOOLS and
-# SANITIZE_K ("-k" expression) limit "sanitize". "sweep" times the tensor-core scan at the training
-# shapes with the library's segment rule and a forced split; "wgmma" the same with the wgmma sweeps
+# SANITIZE_K ("-k" expression) limit "sanitize" (one tool per visible GPU at a time). "sweep" times
+# the tensor-core scan at the training shapes with the library's segment rule and a forced split; "wgmma" the same with the wgmma sweeps
 # off, the forward only, and forward and backward; "overlap" the per-call times with the backward's
 # sweeps overlapped and in one stream (ATTNRNN_BWD_CONCURRENT). "fla" installs
 # .whl/fla_core-*.whl (copied from shared/wheels) so the benchmarks include fla ("bench" splits
@@ -84,12 +84,22 @@ if want overlap; then
   done
 fi
 if want sanitize; then
-  for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+  # One tool per GPU at a time (tools on different GPUs run side by side), each in its own process.
+  sanitize() {
+    CUDA_VISIBLE_DEVICES=$2 PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $1 --error-exitcode 9 \
       python3 -m pytest -q -p no:cacheprovider tests/python/test_sanitizer_cases.py -k "${SANITIZE_K:-cuda}" -x \
-      >"$OUT/sanitize_$tool.log" 2>&1
-    echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1))"
+      >"$OUT/sanitize_$1.log" 2>&1
+    echo "compute-sanitizer $1: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$1.log" | tail -1))"
+  }
+  visible=${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $(( $(gpu_count) - 1 )))}
+  read -ra devices <<< "${visible//,/ }"
+  slot=0
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
+    sanitize $tool "${devices[$slot]}" &
+    slot=$(( (slot + 1) % ${#devices[@]} ))
+    [ $slot -eq 0 ] && wait
   done
+  wait
 fi
 if want multigpu; then
   gpus=$(gpu_count)
