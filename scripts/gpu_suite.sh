@@ -4,12 +4,12 @@
 #   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [wgmma] [overlap] [bench] [fla] [multigpu]
 # TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python; SANITIZE_TOOLS and
 # SANITIZE_K ("-k" expression) limit "sanitize" (one tool per visible GPU at a time). "sweep" times
-# the tensor-core scan at the training shapes with the library's segment rule and a forced split; "wgmma" the same with the wgmma sweeps
-# off, the forward only, and forward and backward; "overlap" the per-call times with the backward's
-# sweeps overlapped and in one stream (ATTNRNN_BWD_CONCURRENT). "fla" installs
-# .whl/fla_core-*.whl (copied from shared/wheels) so the benchmarks include fla ("bench" splits
-# the shapes over two GPUs when there are two). "multigpu" runs
-# the context-parallel tests over NCCL on all GPUs and bench/distributed.py at B=1 H=16 D=128
+# the tensor-core scan at the training shapes with the library's segment rule and a forced split;
+# "wgmma" the same with the wgmma sweeps off, the forward only, and forward and backward; "overlap"
+# the per-call times with the backward's sweeps overlapped and in one stream
+# (ATTNRNN_BWD_CONCURRENT). "fla" installs .whl/fla_core-*.whl (copied from shared/wheels) so the
+# benchmarks include fla ("bench" splits the shapes over two GPUs when there are two). "multigpu"
+# runs the context-parallel tests over NCCL on all GPUs and bench/distributed.py at B=1 H=16 D=128
 # bf16, T = 256k/512k/1M, on all GPUs and on one (CP_MODES="norm unnorm": normalize on/off).
 # SKIP_BUILD=1 reuses an in-place build.
 set -uo pipefail
