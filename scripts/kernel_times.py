@@ -1,7 +1,7 @@
 """GPU time of each kernel of chunk_linear_attn's forward (and forward+backward with --backward) at
 the training shapes, from torch.profiler: kernel times without the host's share of a call.
 
-    ATTNRNN_TC_WGMMA=3 PYTHONPATH=python python scripts/kernel_times.py [--backward]
+    ATTNRNN_TC_WGMMA=3 PYTHONPATH=python python scripts/kernel_times.py [--backward] [--shapes B1-T65536-H16-D128,...]
 (ATTNRNN_TC_WGMMA: 0 the mma.sync scans, 1 the wgmma forward, 3 the wgmma forward and backward,
 7 (default) with dk and dv in one sweep at K = V = 64;
 ATTNRNN_BWD_CONCURRENT=0 keeps the backward's sweeps apart, so that each one's time is its own.)
@@ -28,10 +28,18 @@ def label(kernel_name):
     return f"{short}:{ROLES[int(role.group(1))]}" if role else short
 
 
+def shape_name(B, T, H, D):
+    return f"B{B}-T{T}-H{H}-D{D}"
+
+
 def main():
     backward = "--backward" in sys.argv
+    wanted = sys.argv[sys.argv.index("--shapes") + 1].split(",") if "--shapes" in sys.argv else None
+    shapes = [s for s in SHAPES if wanted is None or shape_name(*s) in wanted]
+    if wanted is not None and len(shapes) != len(wanted):
+        sys.exit(f"--shapes: known shapes are {', '.join(shape_name(*s) for s in SHAPES)}")
     gen = torch.Generator(device="cpu").manual_seed(0)
-    for B, T, H, D in SHAPES:
+    for B, T, H, D in shapes:
         make = lambda: torch.randn(B, T, H, D, generator=gen).to("cuda", torch.bfloat16)
         q, k, v, do = make().sigmoid(), make().sigmoid(), make() * 0.5, make()
         if backward:
@@ -55,7 +63,7 @@ def main():
                     per_kernel[label(e.name)] += e.device_time_total / REPS
             total = sum(per_kernel.values())
             parts = ", ".join(f"{n} {t:.1f}" for n, t in sorted(per_kernel.items(), key=lambda x: -x[1]))
-            print(f"B{B}-T{T}-H{H}-D{D} norm={int(normalize)}  gpu {total:8.1f} us  [{parts}]", flush=True)
+            print(f"{shape_name(B, T, H, D)} norm={int(normalize)}  gpu {total:8.1f} us  [{parts}]", flush=True)
 
 
 if __name__ == "__main__":
