@@ -37,6 +37,7 @@
 #include "chunk_fwd.cuh"
 #include "chunk_tc.cuh"
 #include "chunk_wg.cuh"
+#include "chunk_wg_pair.cuh"
 #include "common.cuh"
 #include "step.cuh"
 
@@ -123,11 +124,12 @@ int64_t tc_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
   return inner == 64 ? tc_role_partial_floats<R, 64>(p) : tc_role_partial_floats<R, 128>(p);
 }
 
-// One sweep of a chunk-scan kernel (chunk_tc_kernel or chunk_wg_kernel) as one pass or two: grid
+// One sweep of a chunk-scan kernel (chunk_tc_kernel, chunk_wg_kernel, chunk_wg_pair_kernel) as one pass or two: grid
 // (sequences x segments x tiles, kv heads); `segments` is the sweep's split (1 without a workspace).
 template <class Kernel>
 Status launch_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, float* partial, int segments,
-                    int64_t tiles, const TcFeatures& feat, const char* what) {
+                    int64_t tiles, const TcFeatures& feat, const char* what, int threads = kTcThreads,
+                    int chunk = kTcChunk) {
   Status s = allow_smem(kernel, bytes, what);
   if (s != Status::kSuccess) return s;
   TcSplit split;
@@ -135,16 +137,16 @@ Status launch_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, flo
   const dim3 grid(static_cast<unsigned>(num_states(p) * split.segments * tiles), static_cast<unsigned>(p.num_kv_heads));
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   if (split.segments > 1) {
-    const int64_t chunks = (p.seqlen + kTcChunk - 1) / kTcChunk;
+    const int64_t chunks = (p.seqlen + chunk - 1) / chunk;
     split.seg_chunks = static_cast<int>((chunks + split.segments - 1) / split.segments);
     split.partial = partial;
     split.state_only = true;
-    kernel<<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
+    kernel<<<grid, threads, bytes, stream>>>(p, split, feat);
     s = check_launch(what);
     if (s != Status::kSuccess) return s;
     split.state_only = false;
   }
-  kernel<<<grid, kTcThreads, bytes, stream>>>(p, split, feat);
+  kernel<<<grid, threads, bytes, stream>>>(p, split, feat);
   return check_launch(what);
 }
 
@@ -176,13 +178,14 @@ Status join_sweeps(void* main, const SweepFork& fork);
 // backward's dq, dk and dv sweeps (K, V in {64, 128}; the den sweep stays on mma.sync) on sm_90a
 // builds and devices, with phi(q), phi(k) from the workspace when there is a feature map (without a
 // workspace, the mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA is a mask (bit 0 the forward,
-// bit 1 the backward, bit 2 dk and dv in one sweep at K = V = 64; default 7, 0 keeps the mma.sync
-// scans), for measuring one against the other. wgmma_planned decides the workspace's partials, so it
+// bit 1 the backward, bit 2 dk and dv in one sweep at K = V = 64, bit 3 the forward at K = 128 on
+// 128-token chunks and two warpgroups; default 15, 0 keeps the mma.sync scans), for measuring one
+// against the other. wgmma_planned decides the workspace's partials, so it
 // must not depend on anything but p and the device.
 inline int wgmma_mask() {
   static const int mask = [] {
     const char* env = std::getenv("ATTNRNN_TC_WGMMA");
-    return env == nullptr ? 7 : std::atoi(env);
+    return env == nullptr ? 15 : std::atoi(env);
   }();
   return mask;
 }
@@ -200,6 +203,11 @@ inline bool wgmma_planned(const LinearAttnParams& p, bool backward) {
 // The backward's dk and dv as one wgmma sweep (chunk_wg.cuh, kGradKV): K = V = 64.
 inline bool wgmma_fused_dkv(const LinearAttnParams& p) {
   return (wgmma_mask() & 4) != 0 && p.head_dim_k == 64 && p.head_dim_v == 64 && wgmma_planned(p, true);
+}
+// The forward at K = 128 on 128-token chunks (chunk_wg_pair.cuh), with the default chunk size (an
+// explicit chunk_size = 64 keeps chunk_wg.cuh's 64-token steps).
+inline bool wgmma_pair_forward(const LinearAttnParams& p) {
+  return (wgmma_mask() & 8) != 0 && p.head_dim_k == 128 && p.chunk_size == 0 && wgmma_planned(p, false);
 }
 inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatures& feat) {
   return wgmma_planned(p, backward) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr);
@@ -220,6 +228,15 @@ int64_t wg_partial_floats(const LinearAttnParams& p) {
   const int64_t segments = wg_segments<R, DI>(p);
   if (segments <= 1) return 0;
   return segments * num_states(p) * p.num_kv_heads * wg_tiles<R>(p) * WgLayoutOf<R, DI>::partial_floats;
+}
+// The pair forward's segments: one block of two warpgroups per SM.
+inline int wg_pair_segments(const LinearAttnParams& p) {
+  return tc_segments(p, num_states(p) * p.num_kv_heads * wg_tiles<TcRole::kForward>(p), 1);
+}
+inline int64_t wg_pair_partial_floats(const LinearAttnParams& p) {
+  const int64_t segments = wg_pair_segments(p);
+  if (segments <= 1) return 0;
+  return segments * num_states(p) * p.num_kv_heads * wg_tiles<TcRole::kForward>(p) * WgPairLayout::partial_floats;
 }
 template <TcRole R>
 int64_t wg_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
@@ -257,6 +274,7 @@ inline int64_t partial_bytes(const LinearAttnParams& p, bool backward) {
   const int64_t K = p.head_dim_k;
   if (!tensor_core_sweep(p, backward)) return 0;
   if (!backward) {
+    if (wgmma_pair_forward(p)) return wg_pair_partial_floats(p) * 4;
     if (wgmma_planned(p, false)) return wg_partial_floats_of<TcRole::kForward>(p, K) * 4;
     return tc_partial_floats_of<TcRole::kForward>(p, K) * 4;
   }
@@ -385,11 +403,14 @@ Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
       TcFeatures feat;
       const Status s = compute_features<T>(p, false, feat);
       if (s != Status::kSuccess) return s;
+      float* partial = p.workspace == nullptr ? nullptr : partial_ptr(p, false);
+      if (wgmma_sweeps(p, false, feat) && wgmma_pair_forward(p))
+        return launch_sweep(chunk_wg_pair_kernel<T>, WgPairLayout::smem_bytes, p, partial, wg_pair_segments(p),
+                            wg_tiles<TcRole::kForward>(p), feat, "chunk_linear_attn forward (wgmma, 128-token chunks)",
+                            WgPairLayout::threads, WgPairLayout::chunk);
       if (wgmma_sweeps(p, false, feat))
-        return launch_wg<T, TcRole::kForward>(p, K, p.workspace == nullptr ? nullptr : partial_ptr(p, false), feat,
-                                              "chunk_linear_attn forward (wgmma)");
-      return launch_tc<T, TcRole::kForward>(p, K, p.workspace == nullptr ? nullptr : partial_ptr(p, false), feat,
-                                            "chunk_linear_attn forward (tensor cores)");
+        return launch_wg<T, TcRole::kForward>(p, K, partial, feat, "chunk_linear_attn forward (wgmma)");
+      return launch_tc<T, TcRole::kForward>(p, K, partial, feat, "chunk_linear_attn forward (tensor cores)");
     }
   }
   const int BV = static_cast<int>(V < 64 ? V : 64);

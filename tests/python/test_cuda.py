@@ -281,6 +281,30 @@ def test_fused_dk_dv_sweep_agrees_with_the_two_sweeps(ar, tmp_path):
                 assert relative_rms(a[name], b[name]) < 4e-3, f"{case.id}: {name}"
 
 
+# The forward at K = 128 on 128-token chunks and two warpgroups (bit 3 of ATTNRNN_TC_WGMMA, the
+# default) against the 64-token forward: GQA, states, varlen (a 64-token sequence leaves the second
+# warpgroup no rows; 200 tokens end in a 72-token chunk), two-pass with z partials, fp16 with a
+# feature map, V = 64 and 128; the backward's gradients come through the saved denominators.
+PAIR_FORWARD_CASES = [
+    Case(2, 300, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
+    Case(1, 333, 4, 128, bf16, Hkv=1, V=64, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
+    Case(1, 5000, 2, 128, bf16, feature_map=None, initial_state=True, final_state=True),  # two-pass
+    Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False),  # two-pass, no z
+    Case(2, 190, 2, 128, fp16, feature_map="relu"),
+]
+
+
+def test_pair_forward_agrees_with_the_64_token_forward(ar, tmp_path):
+    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_FORWARD_CASES", ATTNRNN_TC_WGMMA="15")
+    single = _sweeps_in_subprocess(tmp_path / "single.pt", "PAIR_FORWARD_CASES", ATTNRNN_TC_WGMMA="7")
+    for case, a, b in zip(PAIR_FORWARD_CASES, pair, single):
+        for name in a:
+            assert torch.isfinite(a[name]).all(), f"{case.id}: {name}"
+            if a[name].numel():
+                assert relative_rms(a[name], b[name]) < 4e-3, f"{case.id}: {name}"
+        assert not torch.equal(a["o"], b["o"]), f"{case.id}: the 128-token forward did not run"
+
+
 def test_forward_backward_under_cuda_graph_replay(ar):
     q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=bf16).requires_grad_() for _ in range(3))
     do = torch.randn(2, 300, 4, 64, device="cuda", dtype=bf16)
