@@ -102,27 +102,12 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   if (!split.state_only) publish_state();
 
   // ---- the steps: (chunk, query head) pairs of this segment, in sweep order ---------------------
-  const int nc = static_cast<int>((seq.len + C - 1) / C), heads = static_cast<int>(G);
-  const int ci0 = min(nc, seg * split.seg_chunks), ci1 = min(nc, ci0 + split.seg_chunks);
-  const int steps = (ci1 - ci0) * heads;
-  struct Step {
-    int64_t t0, h;
-    int cl;
-    bool first, last;
-  };
-  // Walks the steps in order (chunk-major), without a division per step.
-  struct Walk {
-    int ci, hi;
-  };
-  auto step_of = [&](const Walk& w) {
-    const int c = Info::reverse ? nc - 1 - w.ci : w.ci;
-    const int64_t off = int64_t(c) * C;
-    return Step{seq.t0 + off, g * G + w.hi, static_cast<int>(seq.len - off < C ? seq.len - off : C), w.hi == 0,
-                w.hi == heads - 1};
-  };
-  auto advance = [&](Walk& w) {
-    if (++w.hi == heads) w.hi = 0, ++w.ci;
-  };
+  const WgSteps walk(seq, g, G, C, split, seg);
+  const int steps = walk.count();
+  using Step = WgStep;
+  using Walk = WgSteps::Walk;
+  auto step_of = [&](const Walk& w) { return walk.at<Info::reverse>(w); };
+  auto advance = [&](Walk& w) { walk.advance(w); };
   // the operands' tile sources, hoisted (WgSource); tiles are laid out by wg_at (wgmma.cuh)
   auto source = [&](const ConstView& v, int col0) {
     return WgSource<T>{static_cast<const T*>(v.data) + seq.b * v.stride_b + col0 + (tid % 8) * 8, v.stride_t, v.stride_h};
@@ -155,7 +140,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     return wt;
   };
   auto stage = [&](int i) { return smem + (i % NS) * L::stage; };
-  Walk issued{ci0, 0};
+  Walk issued = walk.start();
   auto issue = [&](int i) {
     const Step s = step_of(issued);
     advance(issued);
@@ -186,7 +171,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     if (i < steps) issue(i);
     cp_async_commit();
   }
-  Walk current{ci0, 0};
+  Walk current = walk.start();
   float O[32];  // the step's output; dk and dv keep summing it over a group's heads
   float O2[32];  // the fused sweep's dk sum (its O is dv's)
   for (int i = 0; i < steps; ++i) {
@@ -323,15 +308,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         if constexpr (kFwd) {
           inv[0] = inv[1] = scale;
           if (p.normalize) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              rowsum[r] += __shfl_xor_sync(0xffffffffu, rowsum[r], 1);
-              rowsum[r] += __shfl_xor_sync(0xffffffffu, rowsum[r], 2);
-            }
-            float qz[2];
-            wg_row_dot_z<T, DI>(At, z, tid, qz);
-#pragma unroll
-            for (int r = 0; r < 2; ++r) inv[r] = scale / (scale * (qz[r] + rowsum[r]) + eps);
+            wg_forward_scale<T, DI>(rowsum, At, z, tid, scale, eps, inv);
             if (p.den_out != nullptr && tile == 0) {
               const int r0 = wg_acc_row(tid, 0);
               store_den(p, seq, s.t0 + r0, s.h, s.cl - r0, inv, tid % 32);

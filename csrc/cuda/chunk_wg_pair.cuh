@@ -36,25 +36,6 @@ struct WgPairLayout {
   static_assert(smem_bytes + 1024 <= 228 * 1024, "one block must fit on an SM");
 };
 
-// `width` columns of a 128-token chunk's rows (cl of them valid) into row blocks of 64-column tiles
-// at dst ([row block][width / 64 tiles]); rows past the chunk's end arrive as zeros. Thread tid of the
-// 256 copies piece tid % 8 of rows tid / 8 + 32 j: rows of j = 0, 1 in row block 0, of j = 2, 3 in 1.
-template <class T>
-__device__ __forceinline__ void wg_load_pair_rows(unsigned char* dst, const WgSource<T>& src, int64_t head, int width,
-                                                  int64_t t0, int cl, int tid) {
-  const T* chunk = src.base + t0 * src.stride_t + head * src.stride_h;
-  const int piece = tid % 8;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int r = tid / 8 + 32 * j, local = tid / 8 + 32 * (j % 2);
-    unsigned char* block = dst + (j / 2) * (width / 64) * kWgTileBytes;
-    const bool valid = r < cl;
-    const T* from = valid ? chunk + r * src.stride_t : src.base;
-#pragma unroll
-    for (int d0 = 0; d0 < width; d0 += 64) cp_async16(block + wg_at(local, d0 + piece * 8), from + (valid ? d0 : 0), valid);
-  }
-}
-
 template <class T>
 __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     chunk_wg_pair_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat) {
@@ -107,38 +88,26 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   if (!split.state_only) publish_state();
 
   // ---- the steps: (chunk, query head) pairs of this segment, chunk-major ------------------------
-  const int nc = static_cast<int>((seq.len + C - 1) / C), heads = static_cast<int>(G);
-  const int ci0 = min(nc, seg * split.seg_chunks), ci1 = min(nc, ci0 + split.seg_chunks);
-  const int steps = (ci1 - ci0) * heads;
-  struct Step {
-    int64_t t0, h;
-    int cl;
-    bool last;
-  };
-  struct Walk {
-    int ci, hi;
-  };
-  auto step_of = [&](const Walk& wk) {
-    const int64_t off = int64_t(wk.ci) * C;
-    return Step{seq.t0 + off, g * G + wk.hi, static_cast<int>(seq.len - off < C ? seq.len - off : C), wk.hi == heads - 1};
-  };
-  auto advance = [&](Walk& wk) {
-    if (++wk.hi == heads) wk.hi = 0, ++wk.ci;
-  };
+  const WgSteps walk(seq, g, G, C, split, seg);
+  const int steps = walk.count();
+  using Step = WgStep;
+  using Walk = WgSteps::Walk;
+  auto step_of = [&](const Walk& wk) { return walk.at<false>(wk); };
+  auto advance = [&](Walk& wk) { walk.advance(wk); };
   auto source = [&](const ConstView& v, int col0) {
     return WgSource<T>{static_cast<const T*>(v.data) + seq.b * v.stride_b + col0 + (tid % 8) * 8, v.stride_t, v.stride_h};
   };
   const WgSource<T> q_src = source(tc_view(p, feat, Info::a), 0), k_src = source(tc_view(p, feat, Info::b), 0),
                     v_src = source(tc_view(p, feat, Info::c), c0);
   auto stage = [&](int i) { return smem + (i % NS) * L::stage; };
-  Walk issued{ci0, 0};
+  Walk issued = walk.start();
   auto issue = [&](int i) {
     const Step s = step_of(issued);
     advance(issued);
     unsigned char* st = stage(i);
-    if (!split.state_only) wg_load_pair_rows<T>(st + L::q, q_src, s.h, DI, s.t0, s.cl, tid);
-    wg_load_pair_rows<T>(st + L::k, k_src, g, DI, s.t0, s.cl, tid);
-    wg_load_pair_rows<T>(st + L::v, v_src, g, D, s.t0, s.cl, tid);
+    if (!split.state_only) wg_load_pair_tiles<T>(st + L::q, q_src, s.h, DI, s.t0, s.cl, tid);
+    wg_load_pair_tiles<T>(st + L::k, k_src, g, DI, s.t0, s.cl, tid);
+    wg_load_pair_tiles<T>(st + L::v, v_src, g, D, s.t0, s.cl, tid);
   };
   // k16 slice j of the 128 dims: tile j / 4, 32 bytes (along rows) or 2048 bytes (down rows) per slice
   auto along = [](int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); };
@@ -229,15 +198,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     auto epilogue = [&]() {
       float inv[2] = {scale, scale};
       if (p.normalize) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          rowsum[r] += __shfl_xor_sync(0xffffffffu, rowsum[r], 1);
-          rowsum[r] += __shfl_xor_sync(0xffffffffu, rowsum[r], 2);
-        }
-        float qz[2];
-        wg_row_dot_z<T, DI>(Qw, z, t, qz);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) inv[r] = scale / (scale * (qz[r] + rowsum[r]) + eps);
+        wg_forward_scale<T, DI>(rowsum, Qw, z, t, scale, eps, inv);
         if (p.den_out != nullptr && tile == 0) {
           const int r0 = wg_acc_row(t, 0);
           store_den(p, seq, s.t0 + row0 + r0, s.h, cl - r0, inv, t % 32);
@@ -261,7 +222,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     if (i < steps) issue(i);
     cp_async_commit();
   }
-  Walk current{ci0, 0};
+  Walk current = walk.start();
   for (int i = 0; i < steps; ++i) {
     const Step s = step_of(current);
     advance(current);

@@ -33,6 +33,42 @@ struct WgLayout {
 template <TcRole R, int DI>
 using WgLayoutOf = WgLayout<DI, R == TcRole::kGradKV>;
 
+// The steps of a sweep's segment: (chunk, query head) pairs, chunk-major, of the chunks [ci0, ci1)
+// of one sequence and the G query heads of kv head g, walked without a division per step; reverse
+// sweeps take the chunks from the last.
+struct WgStep {
+  int64_t t0, h;  // the chunk's first token, the query head
+  int cl;         // the chunk's valid tokens
+  bool first, last;  // the group's first / last query head
+};
+struct WgSteps {
+  Seq seq;
+  int64_t g, G;
+  int heads, chunk, nc, ci0, ci1;
+  __device__ __forceinline__ WgSteps(const Seq& s, int64_t kv_head, int64_t group, int chunk_len, const TcSplit& split,
+                                     int seg)
+      : seq(s), g(kv_head), G(group), heads(static_cast<int>(group)), chunk(chunk_len),
+        nc(static_cast<int>((s.len + chunk_len - 1) / chunk_len)) {
+    ci0 = min(nc, seg * split.seg_chunks);
+    ci1 = min(nc, ci0 + split.seg_chunks);
+  }
+  __device__ __forceinline__ int count() const { return (ci1 - ci0) * heads; }
+  struct Walk {
+    int ci, hi;
+  };
+  __device__ __forceinline__ Walk start() const { return Walk{ci0, 0}; }
+  template <bool kReverse>
+  __device__ __forceinline__ WgStep at(const Walk& w) const {
+    const int c = kReverse ? nc - 1 - w.ci : w.ci;
+    const int64_t off = int64_t(c) * chunk;
+    return WgStep{seq.t0 + off, g * G + w.hi, static_cast<int>(seq.len - off < chunk ? seq.len - off : chunk), w.hi == 0,
+                  w.hi == heads - 1};
+  }
+  __device__ __forceinline__ void advance(Walk& w) const {
+    if (++w.hi == heads) w.hi = 0, ++w.ci;
+  }
+};
+
 // A tile source: this thread's 16-byte piece of row 0 of one sequence at token 0, head 0, and the
 // strides to move from there; hoisted so that a step costs one address per source.
 template <class T>
@@ -55,6 +91,25 @@ __device__ __forceinline__ void wg_load_tiles(unsigned char* dst, const WgSource
     const T* from = valid ? chunk + r * src.stride_t : src.base;
 #pragma unroll
     for (int d0 = 0; d0 < width; d0 += 64) cp_async16(dst + wg_at(r, d0 + piece * 8), from + (valid ? d0 : 0), valid);
+  }
+}
+
+// The same for a 128-token chunk and 256 threads: rows tid / 8 + 32 j, those of j = 0, 1 into row
+// block 0 and of j = 2, 3 into row block 1 of dst ([row block][width / 64 tiles]). (A separate
+// function: one loader for both sizes changed the code ptxas makes for the 64-token sweeps.)
+template <class T>
+__device__ __forceinline__ void wg_load_pair_tiles(unsigned char* dst, const WgSource<T>& src, int64_t head, int width,
+                                                   int64_t t0, int cl, int tid) {
+  const T* chunk = src.base + t0 * src.stride_t + head * src.stride_h;
+  const int piece = tid % 8;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int r = tid / 8 + 32 * j, local = tid / 8 + 32 * (j % 2);
+    unsigned char* block = dst + (j / 2) * (width / 64) * kWgTileBytes;
+    const bool valid = r < cl;
+    const T* from = valid ? chunk + r * src.stride_t : src.base;
+#pragma unroll
+    for (int d0 = 0; d0 < width; d0 += 64) cp_async16(block + wg_at(local, d0 + piece * 8), from + (valid ? d0 : 0), valid);
   }
 }
 

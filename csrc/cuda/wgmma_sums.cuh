@@ -63,6 +63,22 @@ __device__ __forceinline__ void wg_row_dot_z(const unsigned char* A, const float
   }
 }
 
+// The forward's output scale s / den of the thread's two rows, den = s (a . z + rowsum P) + eps, with
+// rowsum the thread's partial sums of its rows of masked P (summed over a row's four lanes here).
+template <class T, int DI>
+__device__ __forceinline__ void wg_forward_scale(float (&rowsum)[2], const unsigned char* A, const float* z, int tid,
+                                                 float scale, float eps, float (&inv)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    rowsum[r] += __shfl_xor_sync(0xffffffffu, rowsum[r], 1);
+    rowsum[r] += __shfl_xor_sync(0xffffffffu, rowsum[r], 2);
+  }
+  float qz[2];
+  wg_row_dot_z<T, DI>(A, z, tid, qz);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) inv[r] = scale / (scale * (qz[r] + rowsum[r]) + eps);
+}
+
 // z[m] += sum_t weight_t X[t][m] over the 64 XT columns of tiles X [64 tokens][64 columns] (weight 1
 // when weight == nullptr): X^T, read transposed, times the weight operand, one product per 16
 // tokens. Each column has one writer (a lane with lane % 4 == 0; thread m on the fp16 fp32 path).
