@@ -10,7 +10,8 @@
 //   features  with a feature map, phi(q) and phi(k) first go to the workspace (compute_features)
 //   wgmma     on sm_90a builds and devices the forward and the dq, dk, dv sweeps run chunk_wg.cuh
 //             instead (one warpgroup per (sequence, 64 output columns, kv head), the same steps and
-//             segment split; WgLayout)
+//             segment split; WgLayout); the forward at K = 128 with the default chunk size runs
+//             chunk_wg_pair.cuh (two warpgroups on 128-token chunks; WgPairLayout)
 //   den       with normalize, the backward's w and dd come from the forward's saved w when it is
 //             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
 //   overlap   the backward's dq, dk and dv sweeps run at once (dk and dv on two side streams

@@ -251,7 +251,7 @@ def _sweeps_in_subprocess(path, cases="OVERLAP_CASES", **env):
     return torch.load(path)
 
 
-@pytest.mark.parametrize("wgmma", ["7", "3", "1"], ids=["wgmma-fused-dkv", "wgmma-sweeps", "mma-sync-sweeps"])
+@pytest.mark.parametrize("wgmma", ["15", "3", "1"], ids=["wgmma-default", "wgmma-sweeps", "mma-sync-sweeps"])
 def test_backward_sweeps_overlapped_or_in_one_stream_agree_bitwise(ar, tmp_path, wgmma):
     overlapped = _sweeps_in_subprocess(tmp_path / "overlapped.pt", ATTNRNN_BWD_CONCURRENT="1", ATTNRNN_TC_WGMMA=wgmma)
     one_stream = _sweeps_in_subprocess(tmp_path / "one.pt", ATTNRNN_BWD_CONCURRENT="0", ATTNRNN_TC_WGMMA=wgmma)
@@ -288,11 +288,13 @@ def test_fused_dk_dv_sweep_agrees_with_the_two_sweeps(ar, tmp_path):
 # The forward at K = 128 on 128-token chunks and two warpgroups (bit 3 of ATTNRNN_TC_WGMMA, the
 # default) against the 64-token forward: GQA, states, varlen (a 64-token sequence leaves the second
 # warpgroup no rows; 200 tokens end in a 72-token chunk), two-pass with z partials, fp16 with a
-# feature map, V = 64 and 128; the backward's gradients come through the saved denominators.
+# feature map, V = 64 and 128; the backward's gradients come through the saved denominators. (With
+# normalize, identity features on signed inputs put q.z near zero, where the two chunkings' rounding
+# differs by more than the bound: those cases run against the float64 reference elsewhere.)
 PAIR_FORWARD_CASES = [
     Case(2, 300, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
     Case(1, 333, 4, 128, bf16, Hkv=1, V=64, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
-    Case(1, 5000, 2, 128, bf16, feature_map=None, initial_state=True, final_state=True),  # two-pass
+    Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),  # two-pass, GQA
     Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False),  # two-pass, no z
     Case(2, 190, 2, 128, fp16, feature_map="relu"),
 ]
