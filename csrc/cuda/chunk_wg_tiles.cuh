@@ -113,6 +113,32 @@ __device__ __forceinline__ void wg_load_pair_tiles(unsigned char* dst, const WgS
   }
 }
 
+// Eight 16-bit values (one 16-byte piece of a tile row) times w, in place.
+template <class T>
+__device__ __forceinline__ void wg_scale_piece(unsigned char* piece, float w) {
+  uint4* x = reinterpret_cast<uint4*>(piece);
+  uint4 v = *x;
+  uint32_t* u = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 f = unpack2<T>(u[e]);
+    u[e] = pack2<T>(f.x * w, f.y * w);
+  }
+  *x = v;
+}
+
+// wg_scale_rows for wg_load_pair_tiles' rows (w[j] for row tid / 8 + 32 j, 256 threads).
+template <class T>
+__device__ __forceinline__ void wg_scale_pair_rows(unsigned char* tile, int width, int cl, const float (&w)[4], int tid) {
+  const int piece = tid % 8;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (tid / 8 + 32 * j >= cl) continue;
+    unsigned char* block = tile + (j / 2) * (width / 64) * kWgTileBytes;
+    for (int d0 = 0; d0 < width; d0 += 64) wg_scale_piece<T>(block + wg_at(tid / 8 + 32 * (j % 2), d0 + piece * 8), w[j]);
+  }
+}
+
 // dout rows times w (w[j] for row tid / 8 + 16 j), in place: this thread's own pieces, which its
 // cp.async wait has made visible to it.
 template <class T>
@@ -123,17 +149,7 @@ __device__ __forceinline__ void wg_scale_rows(unsigned char* tile, int width, in
   for (int j = 0; j < kTcChunk / 16; ++j) {
     const int r = tid / 8 + 16 * j;
     if (r >= cl) continue;
-    for (int d0 = 0; d0 < width; d0 += 64) {
-      uint4* x = reinterpret_cast<uint4*>(tile + wg_at(r, d0 + piece * 8));
-      uint4 v = *x;
-      uint32_t* u = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = unpack2<T>(u[e]);
-        u[e] = pack2<T>(f.x * w[j], f.y * w[j]);
-      }
-      *x = v;
-    }
+    for (int d0 = 0; d0 < width; d0 += 64) wg_scale_piece<T>(tile + wg_at(r, d0 + piece * 8), w[j]);
   }
 }
 

@@ -10,8 +10,8 @@
 //   features  with a feature map, phi(q) and phi(k) first go to the workspace (compute_features)
 //   wgmma     on sm_90a builds and devices the forward and the dq, dk, dv sweeps run chunk_wg.cuh
 //             instead (one warpgroup per (sequence, 64 output columns, kv head), the same steps and
-//             segment split; WgLayout); the forward at K = 128 with the default chunk size runs
-//             chunk_wg_pair.cuh (two warpgroups on 128-token chunks; WgPairLayout)
+//             segment split; WgLayout); the forward at K = 128 and dq at V = 128 with the default
+//             chunk size run chunk_wg_pair.cuh (two warpgroups on 128-token chunks; WgPairLayout)
 //   den       with normalize, the backward's w and dd come from the forward's saved w when it is
 //             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
 //   overlap   the backward's dq, dk and dv sweeps run at once (dk and dv on two side streams
@@ -179,14 +179,14 @@ Status join_sweeps(void* main, const SweepFork& fork);
 // backward's dq, dk and dv sweeps (K, V in {64, 128}; the den sweep stays on mma.sync) on sm_90a
 // builds and devices, with phi(q), phi(k) from the workspace when there is a feature map (without a
 // workspace, the mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA is a mask (bit 0 the forward,
-// bit 1 the backward, bit 2 dk and dv in one sweep at K = V = 64, bit 3 the forward at K = 128 on
-// 128-token chunks and two warpgroups; default 15, 0 keeps the mma.sync scans), for measuring one
-// against the other. wgmma_planned decides the workspace's partials, so it
+// bit 1 the backward, bit 2 dk and dv in one sweep at K = V = 64, bit 3 the forward at K = 128 and
+// bit 4 dq at V = 128 on 128-token chunks and two warpgroups; default 31, 0 keeps the mma.sync
+// scans), for measuring one against the other. wgmma_planned decides the workspace's partials, so it
 // must not depend on anything but p and the device.
 inline int wgmma_mask() {
   static const int mask = [] {
     const char* env = std::getenv("ATTNRNN_TC_WGMMA");
-    return env == nullptr ? 15 : std::atoi(env);
+    return env == nullptr ? 31 : std::atoi(env);
   }();
   return mask;
 }
@@ -205,10 +205,14 @@ inline bool wgmma_planned(const LinearAttnParams& p, bool backward) {
 inline bool wgmma_fused_dkv(const LinearAttnParams& p) {
   return (wgmma_mask() & 4) != 0 && p.head_dim_k == 64 && p.head_dim_v == 64 && wgmma_planned(p, true);
 }
-// The forward at K = 128 on 128-token chunks (chunk_wg_pair.cuh), with the default chunk size (an
-// explicit chunk_size = 64 keeps chunk_wg.cuh's 64-token steps).
-inline bool wgmma_pair_forward(const LinearAttnParams& p) {
-  return (wgmma_mask() & 8) != 0 && p.head_dim_k == 128 && p.chunk_size == 0 && wgmma_planned(p, false);
+// The forward at K = 128 and dq at V = 128 on 128-token chunks (chunk_wg_pair.cuh), with the default
+// chunk size (an explicit chunk_size = 64 keeps chunk_wg.cuh's 64-token steps).
+template <TcRole R>
+bool wgmma_pair(const LinearAttnParams& p) {
+  static_assert(R == TcRole::kForward || R == TcRole::kGradQ, "the pair sweeps: forward and dq");
+  constexpr bool fwd = R == TcRole::kForward;
+  return (wgmma_mask() & (fwd ? 8 : 16)) != 0 && (fwd ? p.head_dim_k : p.head_dim_v) == 128 && p.chunk_size == 0 &&
+         wgmma_planned(p, !fwd);
 }
 inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatures& feat) {
   return wgmma_planned(p, backward) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr);
@@ -230,14 +234,16 @@ int64_t wg_partial_floats(const LinearAttnParams& p) {
   if (segments <= 1) return 0;
   return segments * num_states(p) * p.num_kv_heads * wg_tiles<R>(p) * WgLayoutOf<R, DI>::partial_floats;
 }
-// The pair forward's segments: one block of two warpgroups per SM.
-inline int wg_pair_segments(const LinearAttnParams& p) {
-  return tc_segments(p, num_states(p) * p.num_kv_heads * wg_tiles<TcRole::kForward>(p), 1);
+// The pair sweeps' segments: one block of two warpgroups per SM.
+template <TcRole R>
+int wg_pair_segments(const LinearAttnParams& p) {
+  return tc_segments(p, num_states(p) * p.num_kv_heads * wg_tiles<R>(p), 1);
 }
-inline int64_t wg_pair_partial_floats(const LinearAttnParams& p) {
-  const int64_t segments = wg_pair_segments(p);
+template <TcRole R>
+int64_t wg_pair_partial_floats(const LinearAttnParams& p) {
+  const int64_t segments = wg_pair_segments<R>(p);
   if (segments <= 1) return 0;
-  return segments * num_states(p) * p.num_kv_heads * wg_tiles<TcRole::kForward>(p) * WgPairLayout::partial_floats;
+  return segments * num_states(p) * p.num_kv_heads * wg_tiles<R>(p) * WgPairLayout::partial_floats;
 }
 template <TcRole R>
 int64_t wg_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
@@ -263,7 +269,9 @@ inline BwdPartials bwd_partials(const LinearAttnParams& p) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
   const bool wg = wgmma_planned(p, true);
   const int64_t den = p.normalize ? tc_partial_floats_of<TcRole::kDen>(p, K) : 0;
-  const int64_t dq = wg ? wg_partial_floats_of<TcRole::kGradQ>(p, V) : tc_partial_floats_of<TcRole::kGradQ>(p, V);
+  const int64_t dq = !wg                              ? tc_partial_floats_of<TcRole::kGradQ>(p, V)
+                     : wgmma_pair<TcRole::kGradQ>(p) ? wg_pair_partial_floats<TcRole::kGradQ>(p)
+                                                     : wg_partial_floats_of<TcRole::kGradQ>(p, V);
   // the dk region also holds the fused dk + dv sweep's partials where that sweep may run
   const int64_t dk = std::max(wg ? wg_partial_floats_of<TcRole::kGradK>(p, V) : tc_partial_floats_of<TcRole::kGradK>(p, V),
                               wgmma_fused_dkv(p) ? wg_partial_floats<TcRole::kGradKV, 64>(p) : int64_t(0));
@@ -275,7 +283,7 @@ inline int64_t partial_bytes(const LinearAttnParams& p, bool backward) {
   const int64_t K = p.head_dim_k;
   if (!tensor_core_sweep(p, backward)) return 0;
   if (!backward) {
-    if (wgmma_pair_forward(p)) return wg_pair_partial_floats(p) * 4;
+    if (wgmma_pair<TcRole::kForward>(p)) return wg_pair_partial_floats<TcRole::kForward>(p) * 4;
     if (wgmma_planned(p, false)) return wg_partial_floats_of<TcRole::kForward>(p, K) * 4;
     return tc_partial_floats_of<TcRole::kForward>(p, K) * 4;
   }
@@ -328,6 +336,11 @@ Status launch_wg_role(const LinearAttnParams& p, float* partial, const TcFeature
                       wg_tiles<R>(p), feat, what);
 }
 template <class T, TcRole R>
+Status launch_wg_pair(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
+  return launch_sweep(chunk_wg_pair_kernel<T, R>, WgPairLayout::smem_bytes, p, partial, wg_pair_segments<R>(p),
+                      wg_tiles<R>(p), feat, what, WgPairLayout::threads, WgPairLayout::chunk);
+}
+template <class T, TcRole R>
 Status launch_wg(const LinearAttnParams& p, int64_t inner, float* partial, const TcFeatures& feat, const char* what) {
   return inner == 64 ? launch_wg_role<T, R, 64>(p, partial, feat, what)
                      : launch_wg_role<T, R, 128>(p, partial, feat, what);
@@ -377,6 +390,9 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   const bool wg = wgmma_sweeps(p, true, feat);
   auto sweep = [&](auto role, const LinearAttnParams& on, int64_t inner, float* part, const char* what) {
     constexpr TcRole R = decltype(role)::value;
+    if constexpr (R == TcRole::kGradQ) {
+      if (wg && wgmma_pair<R>(on)) return launch_wg_pair<T, R>(on, part, feat, "chunk_linear_attn backward (dq, 128-token chunks)");
+    }
     return wg ? launch_wg<T, R>(on, inner, part, feat, what) : launch_tc<T, R>(on, inner, part, feat, what);
   };
   using GradQ = std::integral_constant<TcRole, TcRole::kGradQ>;
@@ -405,10 +421,8 @@ Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
       const Status s = compute_features<T>(p, false, feat);
       if (s != Status::kSuccess) return s;
       float* partial = p.workspace == nullptr ? nullptr : partial_ptr(p, false);
-      if (wgmma_sweeps(p, false, feat) && wgmma_pair_forward(p))
-        return launch_sweep(chunk_wg_pair_kernel<T>, WgPairLayout::smem_bytes, p, partial, wg_pair_segments(p),
-                            wg_tiles<TcRole::kForward>(p), feat, "chunk_linear_attn forward (wgmma, 128-token chunks)",
-                            WgPairLayout::threads, WgPairLayout::chunk);
+      if (wgmma_sweeps(p, false, feat) && wgmma_pair<TcRole::kForward>(p))
+        return launch_wg_pair<T, TcRole::kForward>(p, partial, feat, "chunk_linear_attn forward (wgmma, 128-token chunks)");
       if (wgmma_sweeps(p, false, feat))
         return launch_wg<T, TcRole::kForward>(p, K, partial, feat, "chunk_linear_attn forward (wgmma)");
       return launch_tc<T, TcRole::kForward>(p, K, partial, feat, "chunk_linear_attn forward (tensor cores)");
