@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   };
   auto weights_of = [&](const Step& s) {
     Weights wt{};
-    if constexpr (kDq) {
+    if (kDq && !split.state_only) {
       auto weight = [&](const float* ws, int r, float otherwise) {
         return p.normalize && r < s.cl ? ws[token_index(p, seq, s.t0 + r, s.h)] : otherwise;
       };

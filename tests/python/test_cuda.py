@@ -242,6 +242,7 @@ torch.save([{k: v.cpu() for k, v in run(attnrnn.chunk_linear_attn, c, make_input
 OVERLAP_CASES = [
     Case(2, 300, 4, 64, bf16, Hkv=2, initial_state=True, final_state=True),
     Case(1, 3000, 2, 128, bf16, V=64, feature_map=None, normalize=False),  # two-pass sweeps
+    Case(1, 3000, 2, 64, bf16, V=128, initial_state=True, final_state=True),  # two-pass 128-token dq
 ]
 
 
