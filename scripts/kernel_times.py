@@ -3,8 +3,8 @@ the training shapes, from torch.profiler: kernel times without the host's share 
 
     ATTNRNN_TC_WGMMA=3 PYTHONPATH=python python scripts/kernel_times.py [--backward] [--shapes B1-T65536-H16-D128,...]
 (ATTNRNN_TC_WGMMA: 0 the mma.sync scans, 1 the wgmma forward, 3 the wgmma forward and backward,
-7 with dk and dv in one sweep at K = V = 64, 15 also the forward at K = 128 and 31 (default) also dq
-at V = 128 on 128-token chunks;
+7 with dk and dv in one sweep at K = V = 64, 15 also the forward at K = 128, 31 also dq at V = 128
+and 63 (default) also dk and dv at inner dim 128 on 128-token chunks;
 ATTNRNN_BWD_CONCURRENT=0 keeps the backward's sweeps apart, so that each one's time is its own.)
 Sweep kernels are listed by role (chunk_wg_kernel:dk).
 """

@@ -1,18 +1,19 @@
-// The forward-order sweeps with inner dim 128 on 128-token chunks and a pair of warpgroups (wgmma,
-// sm_90a): the forward at K = 128 and the backward's dq at V = 128. Half the steps of chunk_wg.cuh's
-// sweeps for ~1.3x the products per step, so the chain of copies, waits and barriers that sets a
-// step's time is paid once per 128 tokens (docs/design.md, "What would get there", item 4). One
-// block of 256 threads per (sequence [x segment], 64 output columns, kv head); a step is one (chunk
-// of 128 tokens, query head) pair. With the role's operands A, B, Cv as in chunk_wg.cuh (forward:
-// Q, K, V; dq: w dout, V, K), warpgroup w owns the chunk's rows [64 w, 64 w + 64) of A and the
-// state's dims [64 w, 64 w + 64) (S_w, 64 x 64 fp32 in registers):
-//   P_wb = mask(A_w B_b^T)        b <= w: warpgroup 0 scores rows 0-63 of B, warpgroup 1 rows 0-127
+// The sweeps with inner dim 128 on 128-token chunks and a pair of warpgroups (wgmma, sm_90a): the
+// forward at K = 128 and the backward's dq, dk, dv at inner dim 128 (dq, dk: V; dv: K). Half the
+// steps of chunk_wg.cuh's sweeps for ~1.3x the products per step, so the chain of copies, waits and
+// barriers that sets a step's time is paid once per 128 tokens (docs/design.md, "What would get
+// there", item 4). One block of 256 threads per (sequence [x segment], 64 output columns, kv head);
+// a step is one (chunk of 128 tokens, query head) pair, in sweep order. With the role's operands A,
+// B, Cv as in chunk_wg.cuh (TcRoleInfo), warpgroup w owns the chunk's rows [64 w, 64 w + 64) of A and
+// the state's dims [64 w, 64 w + 64) (S_w, 64 x 64 fp32 in registers):
+//   P_wb = mask(A_w B_b^T)   over the row blocks b of B that can see rows w of A: b <= w on forward
+//                            sweeps (s <= t), b >= w on reverse ones (s >= t); block w is the diagonal
 //   O_w  = A_w S_hi + A_w S_lo + sum_b P_wb Cv_b    S_hi / S_lo: both halves, published as tiles
-//   S_w += B[:, dims of w]^T Cv   over the chunk's 128 tokens, after its last query head
-//   forward  o  = s O / den,  den = s (A_w z + rowsum P_w) + eps (normalize), z += colsum B
-//   dq       dq = O phi'(q);  normalize: P += dd_t, O += dd_t z, z += colsum Cv (output columns)
-// The two warpgroups meet at the state: each publishes its half, and both read all of it in the
-// next step's A S (two block barriers per step, as chunk_wg.cuh has per 64 tokens).
+//   S_w += B[:, dims of w]^T Cv   over the chunk's 128 tokens: after a chunk's last head (forward,
+//                                 dq), after every head (dk, dv: they sum over a group's heads)
+// The role's extra terms are those of chunk_wg.cuh (its header). The two warpgroups meet at the
+// state: each publishes its half, and both read all of it in the next step's A S (two block barriers
+// per step, as chunk_wg.cuh has per 64 tokens).
 #pragma once
 
 #include <type_traits>
@@ -33,8 +34,10 @@ struct WgPairLayout {
   static constexpr int a = 0, b = RB * KT * kWgTileBytes, c = 2 * RB * KT * kWgTileBytes;
   static constexpr int stage = c + RB * kWgTileBytes;
   static constexpr int z_floats = 64 * KT;
-  // two stages, S_hi and S_lo [dim tile], z: 192.5 KiB, one block per SM
-  static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + z_floats * 4;
+  // floats after the state tiles: dk's dd [stages][128], then z
+  static constexpr int dd = 0, z = stages * chunk, floats = z + z_floats;
+  // two stages, S_hi and S_lo [dim tile], the floats: 193.5 KiB, one block per SM
+  static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + floats * 4;
   static constexpr int64_t partial_floats = WgLayout<128>::partial_floats;  // S [128][64], then z
   static_assert(smem_bytes + 1024 <= 228 * 1024, "one block must fit on an SM");
 };
@@ -43,20 +46,21 @@ template <class T, TcRole R>
 __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     chunk_wg_pair_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(R == TcRole::kForward || R == TcRole::kGradQ, "the forward-order sweeps with one output per head");
+  static_assert(R != TcRole::kDen && R != TcRole::kGradKV, "the den and fused dk + dv sweeps are not paired");
   using L = WgPairLayout;
   using Info = TcRoleInfo<R>;
-  constexpr bool kFwd = R == TcRole::kForward, kDq = R == TcRole::kGradQ;
+  constexpr bool kFwd = R == TcRole::kForward, kDq = R == TcRole::kGradQ, kDk = R == TcRole::kGradK;
   constexpr int C = L::chunk, D = 64, DI = 64 * L::KT, NS = L::stages, KT = L::KT;
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
   unsigned char* Sh = smem + NS * L::stage;    // KT tiles [64 dims][64 cols]
   unsigned char* Sl = Sh + KT * kWgTileBytes;
-  float* z = reinterpret_cast<float*>(Sl + KT * kWgTileBytes);  // key sums: inner dims or output columns
-  const int tid = threadIdx.x, w = tid / 128, t = tid % 128;     // warpgroup, thread in it
+  float* fl = reinterpret_cast<float*>(Sl + KT * kWgTileBytes);
+  float* z = fl + L::z;  // the forward's key sums on the inner dims; dq's key sums, dk's dz on the columns
+  const int tid = threadIdx.x, w = tid / 128, t = tid % 128;  // warpgroup, thread in it
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
-  const int tiles = static_cast<int>((kFwd ? V : K) / D), tile = blockIdx.x % tiles;
+  const int tiles = static_cast<int>(((kFwd || Info::dv_like) ? V : K) / D), tile = blockIdx.x % tiles;
   const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
   const int seg = (blockIdx.x / tiles) % split.segments;
   const int c0 = tile * D;
@@ -65,7 +69,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   const int64_t state_row = n * Hkv + g;
   const float* ws_w = kFwd ? nullptr : BwdWorkspace::den<float>(p);  // w_t = s / den_t (normalize)
   const float* ws_dd = kFwd ? nullptr : BwdWorkspace::dd<float>(p);
-  // The state's element (d, c) in a [K][V] matrix: dq holds S^T.
+  // The state's element (d, c) in a [K][V] matrix: transposed roles hold S^T / dS^T.
   auto mat_index = [&](int d, int c) {
     return Info::transposed ? (state_row * K + c0 + c) * V + d : (state_row * K + d) * V + c0 + c;
   };
@@ -80,7 +84,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
 
   // ---- initial state: S in registers, z in shared memory ---------------------------------------
   {
-    const float* S0 = static_cast<const float*>(p.initial_S);
+    const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int d = state_dim(i), c = wg_acc_col(t, i);
@@ -89,9 +93,9 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       S[0][i] = x;
     }
   }
-  constexpr int z_width = kFwd ? DI : D;  // the forward's z on the inner dims, dq's on the output columns
-  if (p.normalize && tid < z_width) {
-    const float* z0 = static_cast<const float*>(p.initial_z);
+  constexpr int z_width = kFwd ? DI : (kDq || kDk) ? D : 0;
+  if (z_width > 0 && p.normalize && tid < z_width) {
+    const float* z0 = static_cast<const float*>(kDk ? p.d_final_z : p.initial_z);
     float x = (z0 != nullptr && !split.state_only) ? z0[state_row * K + (kFwd ? 0 : c0) + tid] : 0.f;
     for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + tid];
     z[tid] = x;
@@ -99,12 +103,12 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   auto publish_state = [&]() { wg_publish_state<T, 1>(S, Sh + w * kWgTileBytes, Sl + w * kWgTileBytes, t); };
   if (!split.state_only) publish_state();
 
-  // ---- the steps: (chunk, query head) pairs of this segment, chunk-major ------------------------
+  // ---- the steps: (chunk, query head) pairs of this segment, in sweep order ---------------------
   const WgSteps walk(seq, g, G, C, split, seg);
   const int steps = walk.count();
   using Step = WgStep;
   using Walk = WgSteps::Walk;
-  auto step_of = [&](const Walk& wk) { return walk.at<false>(wk); };
+  auto step_of = [&](const Walk& wk) { return walk.at<Info::reverse>(wk); };
   auto advance = [&](Walk& wk) { walk.advance(wk); };
   auto source = [&](const ConstView& v, int col0) {
     return WgSource<T>{static_cast<const T*>(v.data) + seq.b * v.stride_b + col0 + (tid % 8) * 8, v.stride_t, v.stride_h};
@@ -112,21 +116,24 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   const WgSource<T> a_src = source(tc_view(p, feat, Info::a), 0), b_src = source(tc_view(p, feat, Info::b), 0),
                     c_src = source(tc_view(p, feat, Info::c), c0);
   auto head_of = [&](TcSrc src, const Step& s) { return per_query_head(src) ? s.h : g; };
-  // dq's per-token weights of a step, loaded before its tiles are waited for: w of the rows this
-  // thread copies (it scales its own pieces of the dout tile) and dd of its two accumulator rows.
+  // The backward's per-token weights of a step, loaded before its tiles are waited for: w of the rows
+  // this thread copies (it scales its own pieces of the dout tile) and, for dq, dd of its two
+  // accumulator rows; dk's dd (one per score column) comes with the tiles into shared memory.
   struct Weights {
     float w[4], dd[2];
   };
   auto weights_of = [&](const Step& s) {
     Weights wt{};
-    if (kDq && !split.state_only) {
+    if (!kFwd && !(kDq && split.state_only)) {  // dq's dout is the A tile, not loaded in pass 1
       auto weight = [&](const float* ws, int r, float otherwise) {
         return p.normalize && r < s.cl ? ws[token_index(p, seq, s.t0 + r, s.h)] : otherwise;
       };
 #pragma unroll
       for (int j = 0; j < 4; ++j) wt.w[j] = weight(ws_w, tid / 8 + 32 * j, scale);
-      wt.dd[0] = weight(ws_dd, 64 * w + wg_acc_row(t, 0), 0.f);
-      wt.dd[1] = weight(ws_dd, 64 * w + wg_acc_row(t, 0) + 8, 0.f);
+      if (kDq) {
+        wt.dd[0] = weight(ws_dd, 64 * w + wg_acc_row(t, 0), 0.f);
+        wt.dd[1] = weight(ws_dd, 64 * w + wg_acc_row(t, 0) + 8, 0.f);
+      }
     }
     return wt;
   };
@@ -139,18 +146,25 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     if (!split.state_only) wg_load_pair_tiles<T>(st + L::a, a_src, head_of(Info::a, s), DI, s.t0, s.cl, tid);
     wg_load_pair_tiles<T>(st + L::b, b_src, head_of(Info::b, s), DI, s.t0, s.cl, tid);
     wg_load_pair_tiles<T>(st + L::c, c_src, head_of(Info::c, s), D, s.t0, s.cl, tid);
+    if (kDk && p.normalize && tid < C) {
+      const bool valid = tid < s.cl;
+      cp_async4(fl + L::dd + (i % NS) * C + tid, ws_dd + (valid ? token_index(p, seq, s.t0 + tid, s.h) : 0), valid);
+    }
   };
   // k16 slice j of the 128 dims: tile j / 4, 32 bytes (along rows) or 2048 bytes (down rows) per slice
   auto along = [](int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); };
   auto down = [](int j) { return (j / 4) * kWgTileBytes + 2048 * (j % 4); };
+  float O[32];  // the step's output; dk and dv keep summing it over a group's heads
 
   // One step of warpgroup W (a compile-time 0 or 1, so that every wgmma stage lies inside one side
   // of the branch on w: a branch inside a stage makes ptxas serialize the products, C7515).
-  auto step_of_warpgroup = [&](auto W_, const Step& s, const unsigned char* st, const Weights& wt) {
+  auto step_of_warpgroup = [&](auto W_, const Step& s, const unsigned char* st, const Weights& wt,
+                               const float* dd_cols) {
     constexpr int W = decltype(W_)::value;
+    constexpr int b0 = Info::reverse ? W : 0, nb = Info::reverse ? L::RB - W : W + 1;  // blocks b0 .. b0 + nb - 1
     const unsigned char* Bt = st + L::b;
     const unsigned char* Ct = st + L::c;
-    const bool update = s.last;  // S moves after the chunk's last query head
+    const bool update = Info::group_sum || s.last;  // S moves after this step
     auto update_state = [&]() {  // S_W += B[:, dims of W]^T Cv over the chunk's 128 tokens
 #pragma unroll
       for (int b = 0; b < L::RB; ++b)
@@ -172,68 +186,79 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     }
     const unsigned char* Aw = st + L::a + W * KT * kWgTileBytes;  // this warpgroup's 64 rows of A
     const int row0 = 64 * W, cl = s.cl - row0;                   // its rows of the chunk, cl valid
-    // ---- P_b = A_W B_b^T for the row blocks b <= W of B ----------------------------------------
-    float P[W + 1][32];
+    const bool fresh_output = !Info::group_sum || s.first;
+    // ---- P_b = A_W B_b^T for the row blocks b of B that rows W of A see -------------------------
+    float P[nb][32];
     wg_hold(S[0]);
+    if constexpr (Info::group_sum) wg_hold(O);  // O carries the group's sum from earlier heads
     wg_fence();
 #pragma unroll
-    for (int b = 0; b <= W; ++b)
+    for (int i = 0; i < nb; ++i)
 #pragma unroll
       for (int j = 0; j < DI / 16; ++j)
-        wg_mma_ss<T, 0, 0>(P[b], wg_descriptor(Aw, along(j)), wg_descriptor(Bt + b * KT * kWgTileBytes, along(j)), j > 0);
+        wg_mma_ss<T, 0, 0>(P[i], wg_descriptor(Aw, along(j)), wg_descriptor(Bt + (b0 + i) * KT * kWgTileBytes, along(j)),
+                           j > 0);
     wg_commit();
     wg_wait_all();
 #pragma unroll
-    for (int b = 0; b <= W; ++b) wg_hold(P[b]);
-    // ---- O = A_W S_hi + A_W S_lo, running while P is masked -----------------------------------
-    float O[32];
-    wg_fence();
+    for (int i = 0; i < nb; ++i) wg_hold(P[i]);
+    // ---- O = A_W S_hi + A_W S_lo once per output, running while P is masked -----------------------
+    if (fresh_output) {
+      wg_fence();
 #pragma unroll
-    for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(Aw, along(j)), wg_descriptor(Sh, down(j)), j > 0);
+      for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(Aw, along(j)), wg_descriptor(Sh, down(j)), j > 0);
 #pragma unroll
-    for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(Aw, along(j)), wg_descriptor(Sl, down(j)), 1);
-    wg_commit();
-    // ---- mask (with dq's dd_t): block W is the diagonal one (col <= row); earlier blocks are whole --
+      for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(Aw, along(j)), wg_descriptor(Sl, down(j)), 1);
+      wg_commit();
+    }
+    // ---- mask (with dq's / dk's dd terms): block W is the diagonal one; the others are whole -------
     float rowsum[2] = {0.f, 0.f};
-    uint32_t pa[W + 1][4][4];
+    uint32_t pa[nb][4][4];
 #pragma unroll
-    for (int b = 0; b <= W; ++b)
+    for (int i = 0; i < nb; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int e = 8 * j + 2 * q, r = wg_acc_row(t, e), col = wg_acc_col(t, e);
-          float x0 = P[b][e], x1 = P[b][e + 1];
+          float x0 = P[i][e], x1 = P[i][e + 1];
           if (kDq && p.normalize) x0 += wt.dd[q & 1], x1 += wt.dd[q & 1];
-          if (b == W) {
-            x0 = col <= r ? x0 : 0.f;
-            x1 = col + 1 <= r ? x1 : 0.f;
+          if (kDk && p.normalize) x0 += dd_cols[64 * (b0 + i) + col], x1 += dd_cols[64 * (b0 + i) + col + 1];
+          if (b0 + i == W) {
+            x0 = (Info::reverse ? col >= r : col <= r) ? x0 : 0.f;
+            x1 = (Info::reverse ? col + 1 >= r : col + 1 <= r) ? x1 : 0.f;
           }
           rowsum[q & 1] += x0 + x1;
-          pa[b][j][q] = pack2<T>(x0, x1);
+          pa[i][j][q] = pack2<T>(x0, x1);
         }
     wg_wait_all();  // A S
     wg_hold(O);
-    if constexpr (kDq) {
-      if (p.normalize) {  // O += dd_t z on the output columns
+    if constexpr (kDq || kDk) {
+      if (p.normalize && fresh_output) {  // O += dd_t z (dq) or dz (dk) on the output columns
 #pragma unroll
-        for (int e = 0; e < 32; ++e) O[e] += wt.dd[(e >> 1) & 1] * z[wg_acc_col(t, e)];
+        for (int e = 0; e < 32; ++e) O[e] += (kDq ? wt.dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(t, e)];
       }
     }
     // ---- O += P_b Cv_b --------------------------------------------------------------------------
+    wg_hold(O);
     wg_hold(S[0]);
 #pragma unroll
-    for (int b = 0; b <= W; ++b) wg_hold(pa[b]);
+    for (int i = 0; i < nb; ++i) wg_hold(pa[i]);
     wg_fence();
 #pragma unroll
-    for (int b = 0; b <= W; ++b)
+    for (int i = 0; i < nb; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O, pa[b][j], wg_descriptor(Ct + b * kWgTileBytes, 2048 * j), 1);
+      for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O, pa[i][j], wg_descriptor(Ct + (b0 + i) * kWgTileBytes, 2048 * j), 1);
     wg_commit();
     wg_wait_all();
     wg_hold(O);
-    // ---- epilogue: o = s O / den or dq = O phi'(q) for this warpgroup's rows ---------------------
+    // ---- epilogue: one output per query head, or the group's sum after its last head --------------
     auto epilogue = [&]() {
+      if (Info::group_sum && !s.last) return;
+      const int64_t out_head = Info::group_sum ? g : s.h;
+      auto write = [&](const MutView out, bool dphi_of, const ConstView raw, const float(&inv)[2]) {
+        wg_write_rows<T>(out, O, inv, p.feature_map, dphi_of, raw, seq.b, s.t0 + row0, cl, out_head, c0, t);
+      };
       if constexpr (kFwd) {
         float inv[2] = {scale, scale};
         if (p.normalize) {
@@ -243,14 +268,16 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
             store_den(p, seq, s.t0 + row0 + r0, s.h, cl - r0, inv, t % 32);
           }
         }
-        wg_write_rows<T>(p.o, O, inv, p.feature_map, false, p.q, seq.b, s.t0 + row0, cl, s.h, c0, t);
+        write(p.o, false, p.q, inv);
       } else {
         const float one[2] = {1.f, 1.f};
-        wg_write_rows<T>(p.dq, O, one, p.feature_map, p.feature_map != FeatureMap::kIdentity, p.q, seq.b,
-                         s.t0 + row0, cl, s.h, c0, t);
+        [[maybe_unused]] const bool phi_used = p.feature_map != FeatureMap::kIdentity;  // dq, dk times phi'
+        if constexpr (kDq) write(p.dq, phi_used, p.q, one);
+        if constexpr (kDk) write(p.dk, phi_used, p.k, one);
+        if constexpr (Info::dv_like) write(p.dv, false, p.k, one);
       }
     };
-    // The epilogue after the update, not while it runs: in its shadow the bf16 kernel spilled 40 B
+    // The epilogue after the update, not while it runs: in its shadow the bf16 forward spilled 40 B
     // (255 registers); the other warpgroup's products fill the gap instead.
     if (update) {
       wg_fence();
@@ -273,8 +300,15 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     const Weights wt = weights_of(s);
     cp_async_wait<NS - 2>();  // this step's tiles
     unsigned char* st = stage(i);
-    // dq: dout rows times w, in place: this thread's own pieces, which the wait made visible to it
-    if (kDq && !split.state_only) wg_scale_pair_rows<T>(st + L::a, DI, s.cl, wt.w, tid);
+    const float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd of the step's tokens
+    // dout rows times w, in place: this thread's own pieces, which the wait made visible to it
+    if constexpr (kDq) {
+      if (!split.state_only) wg_scale_pair_rows<T>(st + L::a, DI, s.cl, wt.w, tid);
+    } else if constexpr (kDk) {
+      wg_scale_pair_rows<T>(st + L::b, DI, s.cl, wt.w, tid);
+    } else if constexpr (Info::dv_like) {
+      wg_scale_pair_rows<T>(st + L::c, D, s.cl, wt.w, tid);
+    }
     wg_fence_shared();  // cp.async and st.shared writes before the products read them
     // Every warp has the step's tiles, the last step's state tiles and z, and is done with the last
     // step's stage, which the next load may now refill.
@@ -282,23 +316,26 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     if (i + NS - 1 < steps) issue(i + NS - 1);
     cp_async_commit();
     if (w == 0)
-      step_of_warpgroup(std::integral_constant<int, 0>{}, s, st, wt);
+      step_of_warpgroup(std::integral_constant<int, 0>{}, s, st, wt, dd_cols);
     else
-      step_of_warpgroup(std::integral_constant<int, 1>{}, s, st, wt);
+      step_of_warpgroup(std::integral_constant<int, 1>{}, s, st, wt, dd_cols);
     __syncthreads();  // both warpgroups are done with this stage, S_hi / S_lo and z
-    if (s.last && p.normalize) {
+    const bool update = Info::group_sum || s.last;
+    if (update && p.normalize) {
       if constexpr (kFwd) {  // z += colsum B: warpgroup w sums its 64 dims over both row blocks
 #pragma unroll
         for (int b = 0; b < L::RB; ++b)
           wg_add_column_sums<T, 1>(st + L::b + (b * KT + w) * kWgTileBytes, nullptr, z + 64 * w, t);
-      } else if (w == 0) {  // z += colsum Cv on the output columns (one writer per column)
+      } else if (kDq || kDk) {
+        // dq: z += colsum Cv; dk: dz += sum_t dd_t Cv_t; on the output columns, one writer per column
+        if (w == 0) {
 #pragma unroll
-        for (int b = 0; b < L::RB; ++b) wg_add_column_sums<T, 1>(st + L::c + b * kWgTileBytes, nullptr, z, t);
+          for (int b = 0; b < L::RB; ++b)
+            wg_add_column_sums<T, 1>(st + L::c + b * kWgTileBytes, kDk ? dd_cols + 64 * b : nullptr, z, t);
+        }
       }
     }
-    if (s.last) {
-      if (!split.state_only) publish_state();
-    }
+    if (update && !split.state_only) publish_state();
   }
   cp_async_wait<0>();
   __syncthreads();  // the last step's z (its column sums ran after the step's last barrier)
@@ -312,13 +349,18 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     return;
   }
   if (seg != split.segments - 1) return;
-  if constexpr (kFwd) {
-    float* final_S = static_cast<float*>(p.final_S);
+  if constexpr (kFwd || Info::dv_like) {
+    float* final_S = static_cast<float*>(kFwd ? p.final_S : p.d_initial_S);
     if (final_S != nullptr) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) final_S[mat_index(state_dim(i), wg_acc_col(t, i))] = S[0][i];
     }
+  }
+  if constexpr (kFwd) {
     if (p.final_z != nullptr && tile == 0 && tid < DI) static_cast<float*>(p.final_z)[state_row * K + tid] = z[tid];
+  }
+  if constexpr (kDk) {
+    if (p.normalize && p.d_initial_z != nullptr && tid < D) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + tid] = z[tid];
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // launched from an image without sm_90a code: fail loudly rather than leave outputs unwritten

@@ -10,8 +10,9 @@
 //   features  with a feature map, phi(q) and phi(k) first go to the workspace (compute_features)
 //   wgmma     on sm_90a builds and devices the forward and the dq, dk, dv sweeps run chunk_wg.cuh
 //             instead (one warpgroup per (sequence, 64 output columns, kv head), the same steps and
-//             segment split; WgLayout); the forward at K = 128 and dq at V = 128 with the default
-//             chunk size run chunk_wg_pair.cuh (two warpgroups on 128-token chunks; WgPairLayout)
+//             segment split; WgLayout); the sweeps with inner dim 128 (the forward's and dv's K,
+//             dq's and dk's V) with the default chunk size run chunk_wg_pair.cuh (two warpgroups on
+//             128-token chunks; WgPairLayout)
 //   den       with normalize, the backward's w and dd come from the forward's saved w when it is
 //             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
 //   overlap   the backward's dq, dk and dv sweeps run at once (dk and dv on two side streams
@@ -179,14 +180,14 @@ Status join_sweeps(void* main, const SweepFork& fork);
 // backward's dq, dk and dv sweeps (K, V in {64, 128}; the den sweep stays on mma.sync) on sm_90a
 // builds and devices, with phi(q), phi(k) from the workspace when there is a feature map (without a
 // workspace, the mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA is a mask (bit 0 the forward,
-// bit 1 the backward, bit 2 dk and dv in one sweep at K = V = 64, bit 3 the forward at K = 128 and
-// bit 4 dq at V = 128 on 128-token chunks and two warpgroups; default 31, 0 keeps the mma.sync
-// scans), for measuring one against the other. wgmma_planned decides the workspace's partials, so it
+// bit 1 the backward, bit 2 dk and dv in one sweep at K = V = 64; on 128-token chunks and two
+// warpgroups, bit 3 the forward at K = 128, bit 4 dq at V = 128, bit 5 dk at V = 128 and dv at
+// K = 128; default 63, 0 keeps the mma.sync scans), for measuring one against the other. wgmma_planned decides the workspace's partials, so it
 // must not depend on anything but p and the device.
 inline int wgmma_mask() {
   static const int mask = [] {
     const char* env = std::getenv("ATTNRNN_TC_WGMMA");
-    return env == nullptr ? 31 : std::atoi(env);
+    return env == nullptr ? 63 : std::atoi(env);
   }();
   return mask;
 }
@@ -205,14 +206,16 @@ inline bool wgmma_planned(const LinearAttnParams& p, bool backward) {
 inline bool wgmma_fused_dkv(const LinearAttnParams& p) {
   return (wgmma_mask() & 4) != 0 && p.head_dim_k == 64 && p.head_dim_v == 64 && wgmma_planned(p, true);
 }
-// The forward at K = 128 and dq at V = 128 on 128-token chunks (chunk_wg_pair.cuh), with the default
-// chunk size (an explicit chunk_size = 64 keeps chunk_wg.cuh's 64-token steps).
+// The sweeps with inner dim 128 (the forward's and dv's K, dq's and dk's V) on 128-token chunks
+// (chunk_wg_pair.cuh), with the default chunk size (an explicit chunk_size = 64 keeps chunk_wg.cuh's
+// 64-token steps).
 template <TcRole R>
 bool wgmma_pair(const LinearAttnParams& p) {
-  static_assert(R == TcRole::kForward || R == TcRole::kGradQ, "the pair sweeps: forward and dq");
+  static_assert(R != TcRole::kDen && R != TcRole::kGradKV, "the den and fused dk + dv sweeps are not paired");
   constexpr bool fwd = R == TcRole::kForward;
-  return (wgmma_mask() & (fwd ? 8 : 16)) != 0 && (fwd ? p.head_dim_k : p.head_dim_v) == 128 && p.chunk_size == 0 &&
-         wgmma_planned(p, !fwd);
+  constexpr int bit = fwd ? 8 : R == TcRole::kGradQ ? 16 : 32;
+  const int64_t inner = (fwd || TcRoleInfo<R>::dv_like) ? p.head_dim_k : p.head_dim_v;
+  return (wgmma_mask() & bit) != 0 && inner == 128 && p.chunk_size == 0 && wgmma_planned(p, !fwd);
 }
 inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatures& feat) {
   return wgmma_planned(p, backward) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr);
@@ -260,6 +263,12 @@ inline int64_t token_scalar_bytes(const LinearAttnParams& p, bool backward) {
 inline bool tensor_core_sweep(const LinearAttnParams& p, bool backward) {
   return backward ? tensor_core_backward(p, false) : tensor_core_forward(p, false);
 }
+// Pass-1 partials of one backward sweep with inner dim `inner`: the kernel that runs it decides.
+template <TcRole R>
+int64_t sweep_partial_floats(const LinearAttnParams& p, bool wg, int64_t inner) {
+  if (!wg) return tc_partial_floats_of<R>(p, inner);
+  return wgmma_pair<R>(p) ? wg_pair_partial_floats<R>(p) : wg_partial_floats_of<R>(p, inner);
+}
 // The backward's pass-1 partials: one region per sweep, because dq, dk and dv may run at the same
 // time (launch_chunk_bwd_tc): [den, then dq][dk][dv] (the den sweep finishes before the others start).
 struct BwdPartials {
@@ -269,13 +278,11 @@ inline BwdPartials bwd_partials(const LinearAttnParams& p) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
   const bool wg = wgmma_planned(p, true);
   const int64_t den = p.normalize ? tc_partial_floats_of<TcRole::kDen>(p, K) : 0;
-  const int64_t dq = !wg                              ? tc_partial_floats_of<TcRole::kGradQ>(p, V)
-                     : wgmma_pair<TcRole::kGradQ>(p) ? wg_pair_partial_floats<TcRole::kGradQ>(p)
-                                                     : wg_partial_floats_of<TcRole::kGradQ>(p, V);
+  const int64_t dq = sweep_partial_floats<TcRole::kGradQ>(p, wg, V);
   // the dk region also holds the fused dk + dv sweep's partials where that sweep may run
-  const int64_t dk = std::max(wg ? wg_partial_floats_of<TcRole::kGradK>(p, V) : tc_partial_floats_of<TcRole::kGradK>(p, V),
+  const int64_t dk = std::max(sweep_partial_floats<TcRole::kGradK>(p, wg, V),
                               wgmma_fused_dkv(p) ? wg_partial_floats<TcRole::kGradKV, 64>(p) : int64_t(0));
-  const int64_t dv = wg ? wg_partial_floats_of<TcRole::kGradV>(p, K) : tc_partial_floats_of<TcRole::kGradV>(p, K);
+  const int64_t dv = sweep_partial_floats<TcRole::kGradV>(p, wg, K);
   const int64_t dk_offset = round256(4 * std::max(den, dq));
   return BwdPartials{dk_offset, dk_offset + round256(4 * dk), 4 * dv};
 }
@@ -390,9 +397,7 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   const bool wg = wgmma_sweeps(p, true, feat);
   auto sweep = [&](auto role, const LinearAttnParams& on, int64_t inner, float* part, const char* what) {
     constexpr TcRole R = decltype(role)::value;
-    if constexpr (R == TcRole::kGradQ) {
-      if (wg && wgmma_pair<R>(on)) return launch_wg_pair<T, R>(on, part, feat, "chunk_linear_attn backward (dq, 128-token chunks)");
-    }
+    if (wg && wgmma_pair<R>(on)) return launch_wg_pair<T, R>(on, part, feat, what);
     return wg ? launch_wg<T, R>(on, inner, part, feat, what) : launch_tc<T, R>(on, inner, part, feat, what);
   };
   using GradQ = std::integral_constant<TcRole, TcRole::kGradQ>;

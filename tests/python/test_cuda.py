@@ -252,7 +252,7 @@ def _sweeps_in_subprocess(path, cases="OVERLAP_CASES", **env):
     return torch.load(path)
 
 
-@pytest.mark.parametrize("wgmma", ["31", "3", "1"], ids=["wgmma-default", "wgmma-sweeps", "mma-sync-sweeps"])
+@pytest.mark.parametrize("wgmma", ["63", "3", "1"], ids=["wgmma-default", "wgmma-sweeps", "mma-sync-sweeps"])
 def test_backward_sweeps_overlapped_or_in_one_stream_agree_bitwise(ar, tmp_path, wgmma):
     overlapped = _sweeps_in_subprocess(tmp_path / "overlapped.pt", ATTNRNN_BWD_CONCURRENT="1", ATTNRNN_TC_WGMMA=wgmma)
     one_stream = _sweeps_in_subprocess(tmp_path / "one.pt", ATTNRNN_BWD_CONCURRENT="0", ATTNRNN_TC_WGMMA=wgmma)
@@ -328,6 +328,31 @@ def test_pair_dq_sweep_agrees_with_the_64_token_sweep(ar, tmp_path):
     for case, a, b in zip(PAIR_DQ_CASES, pair, single):
         assert torch.equal(a["o"], b["o"]), f"{case.id}: the forward is the same in both"
         assert not torch.equal(a["dq"], b["dq"]), f"{case.id}: the 128-token dq sweep did not run"
+
+
+# dk at V = 128 and dv at K = 128 on 128-token chunks and two warpgroups (bit 5 of
+# ATTNRNN_TC_WGMMA, the default) against the 64-token sweeps: group sums over GQA heads, states,
+# varlen with short chunks, K != V (only one of the two paired), two-pass with dz partials, fp16 with
+# a feature map (phi'), normalize on and off.
+PAIR_DK_DV_CASES = [
+    Case(2, 300, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
+    Case(1, 333, 4, 64, bf16, Hkv=2, V=128, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
+    Case(1, 333, 2, 128, bf16, Hkv=1, V=64, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
+    Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),  # two-pass, GQA
+    Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False),  # two-pass, no dz
+    Case(2, 190, 2, 128, fp16, feature_map="relu"),
+]
+
+
+def test_pair_dk_dv_sweeps_agree_with_the_64_token_sweeps(ar, tmp_path):
+    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_DK_DV_CASES", ATTNRNN_TC_WGMMA="63")
+    single = _sweeps_in_subprocess(tmp_path / "single.pt", "PAIR_DK_DV_CASES", ATTNRNN_TC_WGMMA="31")
+    _assert_runs_agree(PAIR_DK_DV_CASES, pair, single)
+    for case, a, b in zip(PAIR_DK_DV_CASES, pair, single):
+        for name in ("o", "dq"):
+            assert torch.equal(a[name], b[name]), f"{case.id}: {name} is the same in both"
+        assert not (torch.equal(a["dk"], b["dk"]) and torch.equal(a["dv"], b["dv"])), \
+            f"{case.id}: the 128-token dk / dv sweeps did not run"
 
 
 def test_forward_backward_under_cuda_graph_replay(ar):
