@@ -182,8 +182,9 @@ Status join_sweeps(void* main, const SweepFork& fork);
 // workspace, the mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA is a mask (bit 0 the forward,
 // bit 1 the backward, bit 2 dk and dv in one sweep at K = V = 64; on 128-token chunks and two
 // warpgroups, bit 3 the forward at K = 128, bit 4 dq at V = 128, bit 5 dk at V = 128 and dv at
-// K = 128; default 63, 0 keeps the mma.sync scans), for measuring one against the other. wgmma_planned decides the workspace's partials, so it
-// must not depend on anything but p and the device.
+// K = 128; default 63, 0 keeps the mma.sync scans), for measuring one against the other.
+// wgmma_planned decides the workspace's partials, so it must not depend on anything but p and the
+// device.
 inline int wgmma_mask() {
   static const int mask = [] {
     const char* env = std::getenv("ATTNRNN_TC_WGMMA");
