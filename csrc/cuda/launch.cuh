@@ -126,8 +126,9 @@ int64_t tc_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
   return inner == 64 ? tc_role_partial_floats<R, 64>(p) : tc_role_partial_floats<R, 128>(p);
 }
 
-// One sweep of a chunk-scan kernel (chunk_tc_kernel, chunk_wg_kernel, chunk_wg_pair_kernel) as one pass or two: grid
-// (sequences x segments x tiles, kv heads); `segments` is the sweep's split (1 without a workspace).
+// One sweep of a chunk-scan kernel (chunk_tc_kernel, chunk_wg_kernel, chunk_wg_pair_kernel) as one
+// pass or two: grid (sequences x segments x tiles, kv heads) of `threads`; `segments` is the sweep's
+// split (1 without a workspace), over chunks of `chunk` tokens.
 template <class Kernel>
 Status launch_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, float* partial, int segments,
                     int64_t tiles, const TcFeatures& feat, const char* what, int threads = kTcThreads,
