@@ -69,8 +69,9 @@ fi
 if want wgmma; then
   # the wgmma sweeps against the mma.sync scan (ATTNRNN_TC_WGMMA, read once per process: 0 none,
   # 1 the forward, 3 the forward and the backward's dq/dk/dv, 7 with dk and dv fused at K = V = 64,
-  # 15 also the forward at K = 128 on 128-token chunks, 31 also dq at V = 128, 63 also dk and dv)
-  for wg in 0 1 3 7 15 31 63; do
+  # 15 also the forward at K = 128 on 128-token chunks, 31 also dq at V = 128, 63 also dk and dv,
+  # each where the shape rule picks them, 127 at every shape)
+  for wg in 0 1 3 7 15 31 63 127; do
     PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_WGMMA=$wg ATTNRNN_TC_SEGMENTS=0 python3 scripts/tc_sweep.py \
       --out "$OUT/sweep_wgmma$wg.json" 2>&1 | sed "s/^/wgmma=$wg /"
     PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_WGMMA=$wg python3 scripts/kernel_times.py --backward 2>&1 |

@@ -2,9 +2,11 @@
 the training shapes, from torch.profiler: kernel times without the host's share of a call.
 
     ATTNRNN_TC_WGMMA=3 PYTHONPATH=python python scripts/kernel_times.py [--backward] [--shapes B1-T65536-H16-D128,...]
+(--shapes takes any B-T-H-D names, not only the training shapes.)
 (ATTNRNN_TC_WGMMA: 0 the mma.sync scans, 1 the wgmma forward, 3 the wgmma forward and backward,
 7 with dk and dv in one sweep at K = V = 64, 15 also the forward at K = 128, 31 also dq at V = 128
-and 63 (default) also dk and dv at inner dim 128 on 128-token chunks;
+and 63 (default) also dk and dv at inner dim 128 on 128-token chunks, where the shape rule picks
+them (127: at every shape);
 ATTNRNN_BWD_CONCURRENT=0 keeps the backward's sweeps apart, so that each one's time is its own.)
 Sweep kernels are listed by role (chunk_wg_kernel:dk).
 """
@@ -35,10 +37,13 @@ def shape_name(B, T, H, D):
 
 def main():
     backward = "--backward" in sys.argv
-    wanted = sys.argv[sys.argv.index("--shapes") + 1].split(",") if "--shapes" in sys.argv else None
-    shapes = [s for s in SHAPES if wanted is None or shape_name(*s) in wanted]
-    if wanted is not None and len(shapes) != len(wanted):
-        sys.exit(f"--shapes: known shapes are {', '.join(shape_name(*s) for s in SHAPES)}")
+    shapes = SHAPES
+    if "--shapes" in sys.argv:
+        wanted = sys.argv[sys.argv.index("--shapes") + 1].split(",")
+        parsed = [re.fullmatch(r"B(\d+)-T(\d+)-H(\d+)-D(\d+)", name) for name in wanted]
+        if not all(parsed):
+            sys.exit(f"--shapes: expected names like {shape_name(*SHAPES[0])}, got {','.join(wanted)}")
+        shapes = [tuple(int(g) for g in m.groups()) for m in parsed]
     gen = torch.Generator(device="cpu").manual_seed(0)
     for B, T, H, D in shapes:
         make = lambda: torch.randn(B, T, H, D, generator=gen).to("cuda", torch.bfloat16)

@@ -183,7 +183,8 @@ Status join_sweeps(void* main, const SweepFork& fork);
 // workspace, the mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA is a mask (bit 0 the forward,
 // bit 1 the backward, bit 2 dk and dv in one sweep at K = V = 64; on 128-token chunks and two
 // warpgroups, bit 3 the forward at K = 128, bit 4 dq at V = 128, bit 5 dk at V = 128 and dv at
-// K = 128; default 63, 0 keeps the mma.sync scans), for measuring one against the other.
+// K = 128, each where wgmma_pair's shape rule picks it; bit 6 pairs them at every shape; default 63,
+// 0 keeps the mma.sync scans), for measuring one against the other.
 // wgmma_planned decides the workspace's partials, so it must not depend on anything but p and the
 // device.
 inline int wgmma_mask() {
@@ -208,16 +209,26 @@ inline bool wgmma_planned(const LinearAttnParams& p, bool backward) {
 inline bool wgmma_fused_dkv(const LinearAttnParams& p) {
   return (wgmma_mask() & 4) != 0 && p.head_dim_k == 64 && p.head_dim_v == 64 && wgmma_planned(p, true);
 }
+template <TcRole R, int DI>
+int wg_segments(const LinearAttnParams& p);
+template <TcRole R>
+int64_t wg_tiles(const LinearAttnParams& p);
 // The sweeps with inner dim 128 (the forward's and dv's K, dq's and dk's V) on 128-token chunks
 // (chunk_wg_pair.cuh), with the default chunk size (an explicit chunk_size = 64 keeps chunk_wg.cuh's
-// 64-token steps).
+// 64-token steps), where the 64-token sweep would leave SMs with one warpgroup: its blocks run in
+// one wave without a segment split. Measured (docs/design.md §5): at B3-T16384 and B4-T8192
+// (H16, D128: 96 and 128 blocks) the pair sweeps take 19-23% less time, at 32-64 blocks (split into
+// segments, two blocks per SM) and at 192-512 blocks (two blocks per SM) 5-18% more. Bit 6 of
+// ATTNRNN_TC_WGMMA pairs them at every shape (tests, measurements).
 template <TcRole R>
 bool wgmma_pair(const LinearAttnParams& p) {
   static_assert(R != TcRole::kDen && R != TcRole::kGradKV, "the den and fused dk + dv sweeps are not paired");
   constexpr bool fwd = R == TcRole::kForward;
   constexpr int bit = fwd ? 8 : R == TcRole::kGradQ ? 16 : 32;
   const int64_t inner = (fwd || TcRoleInfo<R>::dv_like) ? p.head_dim_k : p.head_dim_v;
-  return (wgmma_mask() & bit) != 0 && inner == 128 && p.chunk_size == 0 && wgmma_planned(p, !fwd);
+  if ((wgmma_mask() & bit) == 0 || inner != 128 || p.chunk_size != 0 || !wgmma_planned(p, !fwd)) return false;
+  const int64_t blocks = num_states(p) * p.num_kv_heads * wg_tiles<R>(p);
+  return (wgmma_mask() & 64) != 0 || (blocks <= sm_count() && wg_segments<R, 128>(p) == 1);
 }
 inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatures& feat) {
   return wgmma_planned(p, backward) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr);

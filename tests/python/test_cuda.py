@@ -252,7 +252,8 @@ def _sweeps_in_subprocess(path, cases="OVERLAP_CASES", **env):
     return torch.load(path)
 
 
-@pytest.mark.parametrize("wgmma", ["63", "3", "1"], ids=["wgmma-default", "wgmma-sweeps", "mma-sync-sweeps"])
+@pytest.mark.parametrize("wgmma", ["63", "127", "3", "1"],
+                         ids=["wgmma-default", "wgmma-pair-everywhere", "wgmma-sweeps", "mma-sync-sweeps"])
 def test_backward_sweeps_overlapped_or_in_one_stream_agree_bitwise(ar, tmp_path, wgmma):
     overlapped = _sweeps_in_subprocess(tmp_path / "overlapped.pt", ATTNRNN_BWD_CONCURRENT="1", ATTNRNN_TC_WGMMA=wgmma)
     one_stream = _sweeps_in_subprocess(tmp_path / "one.pt", ATTNRNN_BWD_CONCURRENT="0", ATTNRNN_TC_WGMMA=wgmma)
@@ -286,8 +287,8 @@ def test_fused_dk_dv_sweep_agrees_with_the_two_sweeps(ar, tmp_path):
     _assert_runs_agree(FUSED_DKV_CASES, fused, apart)
 
 
-# The forward at K = 128 on 128-token chunks and two warpgroups (bit 3 of ATTNRNN_TC_WGMMA, the
-# default) against the 64-token forward: GQA, states, varlen (a 64-token sequence leaves the second
+# The forward at K = 128 on 128-token chunks and two warpgroups (bit 3 of ATTNRNN_TC_WGMMA, with bit 6
+# at every shape) against the 64-token forward: GQA, states, varlen (a 64-token sequence leaves the second
 # warpgroup no rows; 200 tokens end in a 72-token chunk), two-pass with z partials, fp16 with a
 # feature map, V = 64 and 128; the backward's gradients come through the saved denominators. (With
 # normalize, identity features on signed inputs put q.z near zero, where the two chunkings' rounding
@@ -302,15 +303,15 @@ PAIR_FORWARD_CASES = [
 
 
 def test_pair_forward_agrees_with_the_64_token_forward(ar, tmp_path):
-    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_FORWARD_CASES", ATTNRNN_TC_WGMMA="15")
+    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_FORWARD_CASES", ATTNRNN_TC_WGMMA="79")
     single = _sweeps_in_subprocess(tmp_path / "single.pt", "PAIR_FORWARD_CASES", ATTNRNN_TC_WGMMA="7")
     _assert_runs_agree(PAIR_FORWARD_CASES, pair, single)
     for case, a, b in zip(PAIR_FORWARD_CASES, pair, single):
         assert not torch.equal(a["o"], b["o"]), f"{case.id}: the 128-token forward did not run"
 
 
-# dq at V = 128 on 128-token chunks and two warpgroups (bit 4 of ATTNRNN_TC_WGMMA, the default)
-# against the 64-token dq sweep: GQA, states, varlen with short chunks, K = 64 (one output tile),
+# dq at V = 128 on 128-token chunks and two warpgroups (bit 4 of ATTNRNN_TC_WGMMA, with bit 6 at every
+# shape) against the 64-token dq sweep: GQA, states, varlen with short chunks, K = 64 (one output tile),
 # two-pass with z partials, fp16 with a feature map (phi'), normalize on and off.
 PAIR_DQ_CASES = [
     Case(2, 300, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
@@ -322,8 +323,8 @@ PAIR_DQ_CASES = [
 
 
 def test_pair_dq_sweep_agrees_with_the_64_token_sweep(ar, tmp_path):
-    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_DQ_CASES", ATTNRNN_TC_WGMMA="31")
-    single = _sweeps_in_subprocess(tmp_path / "single.pt", "PAIR_DQ_CASES", ATTNRNN_TC_WGMMA="15")
+    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_DQ_CASES", ATTNRNN_TC_WGMMA="95")
+    single = _sweeps_in_subprocess(tmp_path / "single.pt", "PAIR_DQ_CASES", ATTNRNN_TC_WGMMA="79")
     _assert_runs_agree(PAIR_DQ_CASES, pair, single)
     for case, a, b in zip(PAIR_DQ_CASES, pair, single):
         assert torch.equal(a["o"], b["o"]), f"{case.id}: the forward should be the same in both"
@@ -331,7 +332,7 @@ def test_pair_dq_sweep_agrees_with_the_64_token_sweep(ar, tmp_path):
 
 
 # dk at V = 128 and dv at K = 128 on 128-token chunks and two warpgroups (bit 5 of
-# ATTNRNN_TC_WGMMA, the default) against the 64-token sweeps: group sums over GQA heads, states,
+# ATTNRNN_TC_WGMMA, with bit 6 at every shape) against the 64-token sweeps: group sums over GQA heads, states,
 # varlen with short chunks, K != V (only one of the two paired), two-pass with dz partials, fp16 with
 # a feature map (phi'), normalize on and off.
 PAIR_DK_DV_CASES = [
@@ -346,8 +347,8 @@ PAIR_DK_DV_CASES = [
 
 
 def test_pair_dk_dv_sweeps_agree_with_the_64_token_sweeps(ar, tmp_path):
-    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_DK_DV_CASES", ATTNRNN_TC_WGMMA="63")
-    single = _sweeps_in_subprocess(tmp_path / "single.pt", "PAIR_DK_DV_CASES", ATTNRNN_TC_WGMMA="31")
+    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_DK_DV_CASES", ATTNRNN_TC_WGMMA="127")
+    single = _sweeps_in_subprocess(tmp_path / "single.pt", "PAIR_DK_DV_CASES", ATTNRNN_TC_WGMMA="95")
     _assert_runs_agree(PAIR_DK_DV_CASES, pair, single)
     for case, a, b in zip(PAIR_DK_DV_CASES, pair, single):
         for name in ("o", "dq"):
@@ -356,6 +357,32 @@ def test_pair_dk_dv_sweeps_agree_with_the_64_token_sweeps(ar, tmp_path):
         for name, paired in (("dk", case.V == 128), ("dv", case.K == 128)):
             assert torch.equal(a[name], b[name]) != paired, f"{case.id}: {name} paired={paired}"
 
+
+
+# The default mask pairs a sweep where the 64-token sweep's blocks would leave SMs with one
+# warpgroup (one wave, no segment split), and keeps the 64-token sweeps where two of their blocks
+# share an SM (a split at few blocks, or more blocks than SMs).
+def _shape_rule_cases():
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return [
+        Case(sms // 8, 130, 4, 128, bf16, initial_state=True, final_state=True),  # sms // 8 * 8 blocks
+        Case(1, 5000, 2, 128, bf16, initial_state=True, final_state=True),  # 4 blocks: split into segments
+        Case(sms, 70, 4, 128, bf16),  # 8 blocks per SM
+    ]
+
+
+SHAPE_RULE_CASES = _shape_rule_cases() if torch.cuda.is_available() else []
+
+
+def test_default_mask_pairs_the_sweeps_only_where_the_64_token_grid_leaves_sms_half_empty(ar, tmp_path):
+    default = _sweeps_in_subprocess(tmp_path / "default.pt", "SHAPE_RULE_CASES", ATTNRNN_TC_WGMMA="63")
+    paired = _sweeps_in_subprocess(tmp_path / "paired.pt", "SHAPE_RULE_CASES", ATTNRNN_TC_WGMMA="127")
+    single = _sweeps_in_subprocess(tmp_path / "single.pt", "SHAPE_RULE_CASES", ATTNRNN_TC_WGMMA="7")
+    for case, d, p, s, want_pair in zip(SHAPE_RULE_CASES, default, paired, single, (True, False, False)):
+        for name in ("o", "dq", "dk", "dv"):
+            same = p if want_pair else s
+            assert torch.equal(d[name], same[name]), f"{case.id}: {name} should be {'paired' if want_pair else '64-token'}"
+            assert not torch.equal(p[name], s[name]), f"{case.id}: {name}: the two sweeps should differ in rounding"
 
 def test_forward_backward_under_cuda_graph_replay(ar):
     q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=bf16).requires_grad_() for _ in range(3))

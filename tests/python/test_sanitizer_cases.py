@@ -18,8 +18,10 @@ CASES = [
     Case(1, 130, 2, 64, torch.float16, V=128, initial_state=True, final_state=True),
     # one block, 32 chunks: the two-pass segment split
     Case(1, 2048, 1, 64, torch.bfloat16, initial_state=True, final_state=True),
-    # K = V = 128 with normalize, GQA and two passes: every sweep on 128-token chunks (chunk_wg_pair)
+    # K = V = 128 with normalize, GQA and two passes (the 64-token sweeps, chunk_wg)
     Case(1, 2048, 2, 128, torch.bfloat16, Hkv=1, initial_state=True, final_state=True),
+    # 128 blocks per sweep: every sweep on 128-token chunks (chunk_wg_pair) on a GPU of 128 to 255 SMs
+    Case(16, 130, 4, 128, torch.bfloat16, initial_state=True, final_state=True),
 ]
 
 
