@@ -217,8 +217,8 @@ int64_t wg_tiles(const LinearAttnParams& p);
 // (chunk_wg_pair.cuh), with the default chunk size (an explicit chunk_size = 64 keeps chunk_wg.cuh's
 // 64-token steps), where the 64-token sweep would leave SMs with one warpgroup: its blocks run in
 // one wave without a segment split. Measured (docs/design.md §5): at B3-T16384 and B4-T8192
-// (H16, D128: 96 and 128 blocks) the pair sweeps take 19-23% less time, at 32-64 blocks (split into
-// segments, two blocks per SM) and at 192-512 blocks (two blocks per SM) 5-18% more. Bit 6 of
+// (H16, D128: 96 and 128 blocks) the pair sweeps take 18-24% less time, at 32-64 blocks (split into
+// segments, two blocks per SM) and at 192-512 blocks (two blocks per SM) 6-16% more. Bit 6 of
 // ATTNRNN_TC_WGMMA pairs them at every shape (tests, measurements).
 template <TcRole R>
 bool wgmma_pair(const LinearAttnParams& p) {
