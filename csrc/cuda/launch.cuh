@@ -209,10 +209,46 @@ inline bool wgmma_planned(const LinearAttnParams& p, bool backward) {
 inline bool wgmma_fused_dkv(const LinearAttnParams& p) {
   return (wgmma_mask() & 4) != 0 && p.head_dim_k == 64 && p.head_dim_v == 64 && wgmma_planned(p, true);
 }
-template <TcRole R, int DI>
-int wg_segments(const LinearAttnParams& p);
+inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatures& feat) {
+  return wgmma_planned(p, backward) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr);
+}
+
+// Blocks, segments and pass-1 partials of a wgmma sweep: 64 output columns per block (the forward's
+// and dv's over V, dq's and dk's over K) and the segment rule of the tensor-core scan.
 template <TcRole R>
-int64_t wg_tiles(const LinearAttnParams& p);
+int64_t wg_tiles(const LinearAttnParams& p) {
+  return (R == TcRole::kForward || TcRoleInfo<R>::dv_like ? p.head_dim_v : p.head_dim_k) / 64;
+}
+// The sweep's blocks: (sequence, output tile, kv head).
+template <TcRole R>
+int64_t wg_blocks(const LinearAttnParams& p) {
+  return num_states(p) * p.num_kv_heads * wg_tiles<R>(p);
+}
+template <TcRole R, int DI>
+int wg_segments(const LinearAttnParams& p) {
+  return tc_segments(p, wg_blocks<R>(p), WgLayoutOf<R, DI>::min_blocks);
+}
+template <TcRole R, int DI>
+int64_t wg_partial_floats(const LinearAttnParams& p) {
+  const int64_t segments = wg_segments<R, DI>(p);
+  if (segments <= 1) return 0;
+  return segments * wg_blocks<R>(p) * WgLayoutOf<R, DI>::partial_floats;
+}
+// The pair sweeps' segments: one block of two warpgroups per SM.
+template <TcRole R>
+int wg_pair_segments(const LinearAttnParams& p) {
+  return tc_segments(p, wg_blocks<R>(p), 1);
+}
+template <TcRole R>
+int64_t wg_pair_partial_floats(const LinearAttnParams& p) {
+  const int64_t segments = wg_pair_segments<R>(p);
+  if (segments <= 1) return 0;
+  return segments * wg_blocks<R>(p) * WgPairLayout::partial_floats;
+}
+template <TcRole R>
+int64_t wg_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
+  return inner == 64 ? wg_partial_floats<R, 64>(p) : wg_partial_floats<R, 128>(p);
+}
 // The sweeps with inner dim 128 (the forward's and dv's K, dq's and dk's V) on 128-token chunks
 // (chunk_wg_pair.cuh), with the default chunk size (an explicit chunk_size = 64 keeps chunk_wg.cuh's
 // 64-token steps), where the 64-token sweep would leave SMs with one warpgroup: its blocks run in
@@ -227,43 +263,7 @@ bool wgmma_pair(const LinearAttnParams& p) {
   constexpr int bit = fwd ? 8 : R == TcRole::kGradQ ? 16 : 32;
   const int64_t inner = (fwd || TcRoleInfo<R>::dv_like) ? p.head_dim_k : p.head_dim_v;
   if ((wgmma_mask() & bit) == 0 || inner != 128 || p.chunk_size != 0 || !wgmma_planned(p, !fwd)) return false;
-  const int64_t blocks = num_states(p) * p.num_kv_heads * wg_tiles<R>(p);
-  return (wgmma_mask() & 64) != 0 || (blocks <= sm_count() && wg_segments<R, 128>(p) == 1);
-}
-inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatures& feat) {
-  return wgmma_planned(p, backward) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr);
-}
-
-// Blocks, segments and pass-1 partials of a wgmma sweep: 64 output columns per block (the forward's
-// and dv's over V, dq's and dk's over K) and the segment rule of the tensor-core scan.
-template <TcRole R>
-int64_t wg_tiles(const LinearAttnParams& p) {
-  return (R == TcRole::kForward || TcRoleInfo<R>::dv_like ? p.head_dim_v : p.head_dim_k) / 64;
-}
-template <TcRole R, int DI>
-int wg_segments(const LinearAttnParams& p) {
-  return tc_segments(p, num_states(p) * p.num_kv_heads * wg_tiles<R>(p), WgLayoutOf<R, DI>::min_blocks);
-}
-template <TcRole R, int DI>
-int64_t wg_partial_floats(const LinearAttnParams& p) {
-  const int64_t segments = wg_segments<R, DI>(p);
-  if (segments <= 1) return 0;
-  return segments * num_states(p) * p.num_kv_heads * wg_tiles<R>(p) * WgLayoutOf<R, DI>::partial_floats;
-}
-// The pair sweeps' segments: one block of two warpgroups per SM.
-template <TcRole R>
-int wg_pair_segments(const LinearAttnParams& p) {
-  return tc_segments(p, num_states(p) * p.num_kv_heads * wg_tiles<R>(p), 1);
-}
-template <TcRole R>
-int64_t wg_pair_partial_floats(const LinearAttnParams& p) {
-  const int64_t segments = wg_pair_segments<R>(p);
-  if (segments <= 1) return 0;
-  return segments * num_states(p) * p.num_kv_heads * wg_tiles<R>(p) * WgPairLayout::partial_floats;
-}
-template <TcRole R>
-int64_t wg_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
-  return inner == 64 ? wg_partial_floats<R, 64>(p) : wg_partial_floats<R, 128>(p);
+  return (wgmma_mask() & 64) != 0 || (wg_blocks<R>(p) <= sm_count() && wg_segments<R, 128>(p) == 1);
 }
 
 // Workspace of the CUDA ops: [2 floats per (token, query head) for the backward][pass-1 partials]
