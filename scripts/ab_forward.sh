@@ -6,7 +6,8 @@
 # OLD may name several trees ("old1 old2"): each is built (unless it already holds a build) and
 # timed, then this tree, twice over, alternating. KT_ARGS=--backward times forward+backward instead
 # (the backward's sweeps one after another, ATTNRNN_BWD_CONCURRENT=0, so that each kernel's time is
-# its own).
+# its own). BITWISE=1 first saves each tree's outputs and gradients on fixed cases
+# (scripts/outputs_of.py, with ATTNRNN_TC_WGMMA=63 and 127) and compares them with this tree's.
 set -uo pipefail
 OLD=${OLD:?set OLD to the directory of the other tree, or several separated by spaces}
 OUT=${OUT:-$PWD/out}
@@ -18,6 +19,19 @@ for tree in $OLD; do
   (cd "$tree" && ATTNRNN_CUDA=ON ATTNRNN_BUILD_JOBS=$(nproc) python3 setup.py -q build_ext --inplace >"$log" 2>&1) ||
     { tail -20 "$log"; exit 1; }
 done
+if [ -n "${BITWISE:-}" ]; then
+  for mask in 63 127; do
+    for tree in $OLD "$PWD"; do
+      label=$([ "$tree" = "$PWD" ] && echo this || basename "$tree")
+      PYTHONPATH=$tree/python:$PWD/tests/python ATTNRNN_TC_WGMMA=$mask python3 scripts/outputs_of.py \
+        "$OUT/outputs_${label}_$mask.pt" 2>&1 | grep -v -i warn
+    done
+    for tree in $OLD; do
+      python3 scripts/outputs_of.py --compare "$OUT/outputs_$(basename "$tree")_$mask.pt" "$OUT/outputs_this_$mask.pt" |
+        sed "s/^/mask $mask: /"
+    done
+  done | tee -a "$OUT/ab_bitwise.txt"
+fi
 for run in 1 2; do  # each tree twice, alternating, to see the run-to-run spread
   for tree in $OLD "$PWD"; do
     label=$([ "$tree" = "$PWD" ] && echo this || basename "$tree")

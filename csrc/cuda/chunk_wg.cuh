@@ -90,13 +90,19 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   }
   // z: the forward's key sums on the inner dims; dq's key sums and dk's dz on the output columns
   constexpr int z_width = kFwd ? DI : (kDq || kDk || kDkv) ? D : 0;
-  if (z_width > 0 && p.normalize && tid < z_width) {
+  auto z_initial = [&](int i) {
     const float* z0 = static_cast<const float*>(kDk || kDkv ? p.d_final_z : p.initial_z);
-    const int64_t zi = state_row * K + (kFwd ? 0 : c0) + tid;
+    const int64_t zi = state_row * K + (kFwd ? 0 : c0) + i;
     float x = (z0 != nullptr && !split.state_only) ? z0[zi] : 0.f;
-    for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + tid];
-    z[tid] = x;
-  }
+    for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + i];
+    return x;
+  };
+  if (z_width > 0 && p.normalize && tid < z_width) z[tid] = z_initial(tid);
+  // The forward's z split for the bf16 sums (wg_split_operand), in dd's place, renewed with z
+  constexpr bool kSplitZ = kFwd && std::is_same_v<T, __nv_bfloat16>;
+  static_assert(NS * C >= 2 * kSplitWords, "the forward's split z fits in dd's place");
+  uint32_t* zs = reinterpret_cast<uint32_t*>(fl + L::dd);
+  if (kSplitZ && p.normalize) split_vector<T>(z_initial, DI, zs, tid);
   // S as 16-bit hi + lo tiles [d][c] for the products A S
   auto publish_state = [&]() { wg_publish_state<T, KT>(S, Sh, Sl, tid); };
   if (!split.state_only) publish_state();
@@ -308,7 +314,9 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         if constexpr (kFwd) {
           inv[0] = inv[1] = scale;
           if (p.normalize) {
-            wg_forward_scale<T, DI>(rowsum, At, z, tid, scale, eps, inv);
+            float qz[2];
+            wg_row_dot_z<T, DI>(At, z, zs, tid, qz);
+            wg_forward_scale(rowsum, qz, scale, eps, inv);
             if (p.den_out != nullptr && tile == 0) {
               const int r0 = wg_acc_row(tid, 0);
               store_den(p, seq, s.t0 + r0, s.h, s.cl - r0, inv, tid % 32);
@@ -351,7 +359,8 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     __syncthreads();  // every warp is done with this stage, S_hi / S_lo and z
     if (update) {
       if (p.normalize) {
-        if constexpr (kFwd) wg_add_column_sums<T, KT>(Bt, nullptr, z, tid);  // z += colsum phi(k)
+        if constexpr (kFwd)  // z += colsum phi(k), and its split
+          wg_sum_columns<T, KT, 1>(Bt, 0, nullptr, z, z, kSplitZ ? zs : nullptr, 0, tid);
         if constexpr (kDq) wg_add_column_sums<T, 1>(Ct, nullptr, z, tid);   // z += colsum phi(k), columns
         if constexpr (kDk) wg_add_column_sums<T, 1>(Ct, dd_cols, z, tid);   // dz += sum_t dd_t phi(q_t)
         if constexpr (kDkv) wg_add_column_sums<T, 1>(Bt, dd_cols, z, tid);  // the same: Q is the B tile here

@@ -34,9 +34,11 @@ struct WgPairLayout {
   static constexpr int a = 0, b = RB * KT * kWgTileBytes, c = 2 * RB * KT * kWgTileBytes;
   static constexpr int stage = c + RB * kWgTileBytes;
   static constexpr int z_floats = 64 * KT;
-  // floats after the state tiles: dk's dd [stages][128], then z
-  static constexpr int dd = 0, z = stages * chunk, floats = z + z_floats;
-  // two stages, S_hi and S_lo [dim tile], the floats: 193.5 KiB, one block per SM
+  // floats after the state tiles: dk's dd [stages][128] (the forward's split z [2][128] words), then
+  // z; the forward's z is double-buffered [2][128], so that its column sums run inside the step
+  static constexpr int dd = 0, z = stages * chunk, floats = z + 2 * z_floats;
+  static_assert(stages * chunk >= 2 * 2 * kSplitWords, "the forward's split z fits in dd's place");
+  // two stages, S_hi and S_lo [dim tile], the floats: 194 KiB, one block per SM
   static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + floats * 4;
   static constexpr int64_t partial_floats = WgLayout<128>::partial_floats;  // S [128][64], then z
   static_assert(smem_bytes + 1024 <= 228 * 1024, "one block must fit on an SM");
@@ -57,6 +59,13 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   unsigned char* Sl = Sh + KT * kWgTileBytes;
   float* fl = reinterpret_cast<float*>(Sl + KT * kWgTileBytes);
   float* z = fl + L::z;  // the forward's key sums on the inner dims; dq's key sums, dk's dz on the columns
+  // The forward's z: buffer zb is the key sums before the step's chunk, the other one takes the
+  // chunk's column sums (both warpgroups read all of z while each sums its own dims); zs[zb] is z
+  // split for the bf16 sums (wg_split_operand).
+  int zb = 0;
+  auto z_buf = [&](int b) { return z + b * L::z_floats; };
+  auto zs_buf = [&](int b) { return reinterpret_cast<uint32_t*>(fl + L::dd) + b * 2 * kSplitWords; };
+  constexpr bool kSplitZ = kFwd && std::is_same_v<T, __nv_bfloat16>;
   const int tid = threadIdx.x, w = tid / 128, t = tid % 128;  // warpgroup, thread in it
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
@@ -94,12 +103,14 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     }
   }
   constexpr int z_width = kFwd ? DI : (kDq || kDk) ? D : 0;
-  if (z_width > 0 && p.normalize && tid < z_width) {
+  auto z_initial = [&](int i) {
     const float* z0 = static_cast<const float*>(kDk ? p.d_final_z : p.initial_z);
-    float x = (z0 != nullptr && !split.state_only) ? z0[state_row * K + (kFwd ? 0 : c0) + tid] : 0.f;
-    for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + tid];
-    z[tid] = x;
-  }
+    float x = (z0 != nullptr && !split.state_only) ? z0[state_row * K + (kFwd ? 0 : c0) + i] : 0.f;
+    for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + i];
+    return x;
+  };
+  if (z_width > 0 && p.normalize && tid < z_width) z[tid] = z_initial(tid);
+  if (kSplitZ && p.normalize) split_vector<T>(z_initial, DI, zs_buf(0), tid);
   auto publish_state = [&]() { wg_publish_state<T, 1>(S, Sh + w * kWgTileBytes, Sl + w * kWgTileBytes, t); };
   if (!split.state_only) publish_state();
 
@@ -173,12 +184,22 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
           wg_mma_ss<T, 1, 1>(S[0], wg_descriptor(Bt, (b * KT + W) * kWgTileBytes + 2048 * j),
                              wg_descriptor(Ct, b * kWgTileBytes + 2048 * j), 1);
     };
+    // The forward's z, dims of W, into the other buffer: + colsum B over both row blocks, while the
+    // update runs.
+    auto sum_keys = [&]() {
+      if constexpr (kFwd) {
+        if (p.normalize)
+          wg_sum_columns<T, 1, L::RB>(Bt + W * kWgTileBytes, KT * kWgTileBytes, nullptr, z_buf(zb), z_buf(zb ^ 1),
+                                      kSplitZ ? zs_buf(zb ^ 1) : nullptr, 64 * W, t);
+      }
+    };
     if (split.state_only) {  // ---- pass 1 of a split: only the state moves ------------------------
       if (update) {
         wg_hold(S[0]);
         wg_fence();
         update_state();
         wg_commit();
+        sum_keys();
         wg_wait_all();
         wg_hold(S[0]);
       }
@@ -199,6 +220,10 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
         wg_mma_ss<T, 0, 0>(P[i], wg_descriptor(Aw, along(j)), wg_descriptor(Bt + (b0 + i) * KT * kWgTileBytes, along(j)),
                            j > 0);
     wg_commit();
+    float qz[2];  // the forward's a_t . z (normalize), while P runs
+    if constexpr (kFwd) {
+      if (p.normalize) wg_row_dot_z<T, DI>(Aw, z_buf(zb), zs_buf(zb), t, qz);
+    }
     wg_wait_all();
 #pragma unroll
     for (int i = 0; i < nb; ++i) wg_hold(P[i]);
@@ -262,7 +287,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       if constexpr (kFwd) {
         float inv[2] = {scale, scale};
         if (p.normalize) {
-          wg_forward_scale<T, DI>(rowsum, Aw, z, t, scale, eps, inv);
+          wg_forward_scale(rowsum, qz, scale, eps, inv);
           if (p.den_out != nullptr && tile == 0) {
             const int r0 = wg_acc_row(t, 0);
             store_den(p, seq, s.t0 + row0 + r0, s.h, cl - r0, inv, t % 32);
@@ -283,6 +308,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       wg_fence();
       update_state();
       wg_commit();
+      sum_keys();
       wg_wait_all();
       wg_hold(S[0]);
     }
@@ -321,12 +347,9 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       step_of_warpgroup(std::integral_constant<int, 1>{}, s, st, wt, dd_cols);
     __syncthreads();  // both warpgroups are done with this stage, S_hi / S_lo and z
     const bool update = Info::group_sum || s.last;
+    if (kFwd && update) zb ^= 1;  // the column sums ran in the step
     if (update && p.normalize) {
-      if constexpr (kFwd) {  // z += colsum B: warpgroup w sums its 64 dims over both row blocks
-#pragma unroll
-        for (int b = 0; b < L::RB; ++b)
-          wg_add_column_sums<T, 1>(st + L::b + (b * KT + w) * kWgTileBytes, nullptr, z + 64 * w, t);
-      } else if (kDq || kDk) {
+      if constexpr (kDq || kDk) {
         // dq: z += colsum Cv; dk: dz += sum_t dd_t Cv_t; on the output columns, one writer per column
         if (w == 0) {
 #pragma unroll
@@ -338,14 +361,14 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     if (update && !split.state_only) publish_state();
   }
   cp_async_wait<0>();
-  __syncthreads();  // the last step's z (its column sums ran after the step's last barrier)
+  __syncthreads();  // the last step's z (dq's and dk's column sums ran after the step's last barrier)
 
   // ---- pass 1: this segment's partial; otherwise the final state, from the last segment ---------
   if (split.state_only) {
     float* part = partial_at(seg);
 #pragma unroll
     for (int i = 0; i < 32; ++i) part[state_dim(i) * D + wg_acc_col(t, i)] = S[0][i];
-    if (tid < L::z_floats) part[DI * D + tid] = p.normalize && tid < z_width ? z[tid] : 0.f;
+    if (tid < L::z_floats) part[DI * D + tid] = p.normalize && tid < z_width ? z_buf(zb)[tid] : 0.f;
     return;
   }
   if (seg != split.segments - 1) return;
@@ -357,7 +380,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     }
   }
   if constexpr (kFwd) {
-    if (p.final_z != nullptr && tile == 0 && tid < DI) static_cast<float*>(p.final_z)[state_row * K + tid] = z[tid];
+    if (p.final_z != nullptr && tile == 0 && tid < DI) static_cast<float*>(p.final_z)[state_row * K + tid] = z_buf(zb)[tid];
   }
   if constexpr (kDk) {
     if (p.normalize && p.d_initial_z != nullptr && tid < D) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + tid] = z[tid];

@@ -10,6 +10,15 @@
 
 namespace attnrnn::cuda {
 
+// The high and low 16-bit parts of two floats, each pair packed into one word: x = hi + lo to ~16
+// mantissa bits.
+template <class T>
+__device__ __forceinline__ uint2 split_pair(float x0, float x1) {
+  const uint32_t hi = pack2<T>(x0, x1);
+  const float2 back = unpack2<T>(hi);
+  return make_uint2(hi, pack2<T>(x0 - back.x, x1 - back.y));
+}
+
 // B fragment (k16 slice at k0 of a [k x 8] operand) of the vector x: column 0 hi, column 1 lo, the
 // rest zero; x == nullptr stands for a vector of ones (exact in column 0 alone). Branch-free: every
 // lane reads its two pairs and selects, because a lane-dependent branch here costs a reconvergence
@@ -24,18 +33,41 @@ __device__ __forceinline__ void wg_vector_operand(const float* x, int k0, int la
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const float2 v = *reinterpret_cast<const float2*>(x + k + 8 * half);
-    const uint32_t hi = pack2<T>(v.x, v.y);
-    const float2 back = unpack2<T>(hi);
-    const uint32_t lo = pack2<T>(v.x - back.x, v.y - back.y);
-    b[half] = col == 0 ? hi : col == 1 ? lo : 0u;
+    const uint2 parts = split_pair<T>(v.x, v.y);
+    b[half] = col == 0 ? parts.x : col == 1 ? parts.y : 0u;
+  }
+}
+
+// A vector kept beside its split (the forward's z, bf16): word m of the first kSplitWords holds the
+// high parts of dims 2m and 2m + 1, word kSplitWords + m their low parts, as split_pair makes them.
+// The sums then read their operand instead of splitting it again in every thread and step.
+constexpr int kSplitWords = 64;
+template <class T>
+__device__ __forceinline__ void wg_split_operand(const uint32_t* xs, int k0, int lane, uint32_t (&b)[2]) {
+  const int col = lane / 4, k = k0 + 2 * (lane % 4);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const uint32_t word = xs[(col & 1) * kSplitWords + (k + 8 * half) / 2];
+    b[half] = col < 2 ? word : 0u;
+  }
+}
+// Words m = dim / 2 of xs for dims [0, n) of x, by threads tid < n / 2 (x from a function of the dim).
+template <class T, class X>
+__device__ __forceinline__ void split_vector(X&& x_of, int n, uint32_t* xs, int tid) {
+  if (tid < n / 2) {
+    const uint2 parts = split_pair<T>(x_of(2 * tid), x_of(2 * tid + 1));
+    xs[tid] = parts.x;
+    xs[kSplitWords + tid] = parts.y;
   }
 }
 
 // a_t . z for the thread's two rows of A (16 (tid / 32) + lane / 4 and + 8, the rows of its wgmma
 // accumulators), on all four lanes of a row. A: DI / 64 tiles [64 rows][64 dims]. bf16 on the tensor
-// cores; fp16 cannot hold z (it grows with T past fp16's range), so fp16 sums in fp32.
-template <class T, int DI>
-__device__ __forceinline__ void wg_row_dot_z(const unsigned char* A, const float* z, int tid, float (&out)[2]) {
+// cores, with z's B fragments from b_of(k0, lane, b); fp16 cannot hold z (it grows with T past fp16's
+// range), so fp16 sums in fp32 (z_fp32).
+template <class T, int DI, class Operand>
+__device__ __forceinline__ void wg_row_dot(const unsigned char* A, Operand&& b_of, const float* z_fp32, int tid,
+                                           float (&out)[2]) {
   const int lane = tid % 32, m0 = 16 * (tid / 32);
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     float c[2][4] = {};  // even and odd slices in two accumulators: two dependent chains of half the length
@@ -43,7 +75,7 @@ __device__ __forceinline__ void wg_row_dot_z(const unsigned char* A, const float
     for (int j = 0; j < DI / 16; ++j) {
       uint32_t a[4], b[2];
       ldsm_x4(a, A + wg_at(m0 + (lane & 7) + ((lane >> 3) & 1) * 8, 16 * j + (lane >> 4) * 8));
-      wg_vector_operand<T>(z, 16 * j, lane, b);
+      b_of(16 * j, lane, b);
       mma16816<T>(c[j % 2], a, b[0], b[1]);
     }
     // columns 0 + 1 of both accumulators, on the row's lane 0
@@ -55,43 +87,58 @@ __device__ __forceinline__ void wg_row_dot_z(const unsigned char* A, const float
       float acc = 0.f;
       for (int d = 2 * (lane % 4); d < DI; d += 8) {
         const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(A + wg_at(m0 + lane / 4 + 8 * r, d)));
-        acc += q2.x * z[d] + q2.y * z[d + 1];
+        acc += q2.x * z_fp32[d] + q2.y * z_fp32[d + 1];
       }
       acc += __shfl_xor_sync(0xffffffffu, acc, 1);
       out[r] = acc + __shfl_xor_sync(0xffffffffu, acc, 2);
     }
   }
 }
+// a_t . z with z split where it was last summed (zs, bf16; fp16 reads z).
+template <class T, int DI>
+__device__ __forceinline__ void wg_row_dot_z(const unsigned char* A, const float* z, const uint32_t* zs, int tid,
+                                             float (&out)[2]) {
+  wg_row_dot<T, DI>(A, [&](int k0, int lane, uint32_t(&b)[2]) { wg_split_operand<T>(zs, k0, lane, b); }, z, tid, out);
+}
 
 // The forward's output scale s / den of the thread's two rows, den = s (a . z + rowsum P) + eps, with
-// rowsum the thread's partial sums of its rows of masked P (summed over a row's four lanes here).
-template <class T, int DI>
-__device__ __forceinline__ void wg_forward_scale(float (&rowsum)[2], const unsigned char* A, const float* z, int tid,
-                                                 float scale, float eps, float (&inv)[2]) {
+// rowsum the thread's partial sums of its rows of masked P (summed over a row's four lanes here) and
+// qz = a . z (wg_row_dot_z).
+__device__ __forceinline__ void wg_forward_scale(float (&rowsum)[2], const float (&qz)[2], float scale, float eps,
+                                                 float (&inv)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     rowsum[r] += __shfl_xor_sync(0xffffffffu, rowsum[r], 1);
     rowsum[r] += __shfl_xor_sync(0xffffffffu, rowsum[r], 2);
   }
-  float qz[2];
-  wg_row_dot_z<T, DI>(A, z, tid, qz);
 #pragma unroll
   for (int r = 0; r < 2; ++r) inv[r] = scale / (scale * (qz[r] + rowsum[r]) + eps);
 }
 
-// z[m] += sum_t weight_t X[t][m] over the 64 XT columns of tiles X [64 tokens][64 columns] (weight 1
-// when weight == nullptr): X^T, read transposed, times the weight operand, one product per 16
-// tokens. Each column has one writer (a lane with lane % 4 == 0; thread m on the fp16 fp32 path).
-template <class T, int XT>
-__device__ __forceinline__ void wg_add_column_sums(const unsigned char* X, const float* weight, float* z, int tid) {
+// z_to[m] = z_from[m] + sum_t weight_t X_b[t][m] for the NB row blocks X_b = X + b block_bytes, each
+// block's sum added in turn, over the 64 XT columns of tiles [64 tokens][64 columns] (weight 1 when
+// weight == nullptr); z index dim0 + m. X^T, read transposed, times the weight operand, one product per
+// 16 tokens. Each column has one writer (a lane with lane % 4 == 0; thread m on the fp16 fp32 path).
+// With zs (bf16, weight 1), the writers also split the new values into zs (wg_split_operand).
+template <class T, int XT, int NB>
+__device__ __forceinline__ void wg_sum_columns(const unsigned char* X, int block_bytes, const float* weight,
+                                               const float* z_from, float* z_to, uint32_t* zs, int dim0, int tid) {
   if constexpr (std::is_same_v<T, __half>) {
     if (weight != nullptr) {  // fp16 parts of small weights (dd) would be subnormal: fp32 sums instead
       for (int m = tid; m < 64 * XT; m += 128) {
-        float acc[4] = {};  // four independent sums: a chain of 16 FMAs instead of 64
+        float sums[NB];
 #pragma unroll
-        for (int t = 0; t < 64; ++t)
-          acc[t % 4] += weight[t] * __half2float(*reinterpret_cast<const __half*>(X + wg_at(t, m)));
-        z[m] += (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        for (int b = 0; b < NB; ++b) {
+          float acc[4] = {};  // four independent sums: a chain of 16 FMAs instead of 64
+#pragma unroll
+          for (int t = 0; t < 64; ++t)
+            acc[t % 4] += weight[64 * b + t] * __half2float(*reinterpret_cast<const __half*>(X + b * block_bytes + wg_at(t, m)));
+          sums[b] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        }
+        float v = z_from[dim0 + m];
+#pragma unroll
+        for (int b = 0; b < NB; ++b) v += sums[b];
+        z_to[dim0 + m] = v;
       }
       return;
     }
@@ -99,20 +146,48 @@ __device__ __forceinline__ void wg_add_column_sums(const unsigned char* X, const
   const int lane = tid % 32, m0 = 16 * (tid / 32), mat = lane >> 3;
 #pragma unroll
   for (int h = 0; h < XT; ++h) {
-    const int d0 = 64 * h + m0;
-    float c[2][4] = {};  // even and odd token slices: two dependent chains of half the length
+    const int d0 = 64 * h + m0, d = dim0 + d0 + lane / 4;
+    float c[NB][2][4] = {};  // per block, even and odd token slices: two dependent chains of half the length
 #pragma unroll
-    for (int j = 0; j < kWgTileBytes / 128 / 16; ++j) {
-      uint32_t a[4], b[2];
-      ldsm_x4_trans(a, X + wg_at(16 * j + (mat >> 1) * 8 + (lane & 7), d0 + (mat & 1) * 8));
-      wg_vector_operand<T>(weight, 16 * j, lane, b);
-      mma16816<T>(c[j % 2], a, b[0], b[1]);
+    for (int b = 0; b < NB; ++b) {
+      const float* wb = (b == 0 || weight == nullptr) ? weight : weight + 64 * b;
+#pragma unroll
+      for (int j = 0; j < kWgTileBytes / 128 / 16; ++j) {
+        uint32_t a[4], bw[2];
+        ldsm_x4_trans(a, X + b * block_bytes + wg_at(16 * j + (mat >> 1) * 8 + (lane & 7), d0 + (mat & 1) * 8));
+        wg_vector_operand<T>(wb, 16 * j, lane, bw);
+        mma16816<T>(c[b][j % 2], a, bw[0], bw[1]);
+      }
     }
+    float v[2] = {0.f, 0.f};
     if (lane % 4 == 0) {
-      z[d0 + lane / 4] += (c[0][0] + c[0][1]) + (c[1][0] + c[1][1]);
-      z[d0 + lane / 4 + 8] += (c[0][2] + c[0][3]) + (c[1][2] + c[1][3]);
+      v[0] = z_from[d];
+      v[1] = z_from[d + 8];
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        v[0] += (c[b][0][0] + c[b][0][1]) + (c[b][1][0] + c[b][1][1]);
+        v[1] += (c[b][0][2] + c[b][0][3]) + (c[b][1][2] + c[b][1][3]);
+      }
+      z_to[d] = v[0];
+      z_to[d + 8] = v[1];
+    }
+    if (zs != nullptr) {  // dims d (even on lanes 0, 8, 16, 24) and d + 1, the next writer's
+      const float next[2] = {__shfl_down_sync(0xffffffffu, v[0], 4), __shfl_down_sync(0xffffffffu, v[1], 4)};
+      if (lane % 8 == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {  // dims d and d + 8
+          const uint2 parts = split_pair<T>(v[r], next[r]);
+          zs[d / 2 + 4 * r] = parts.x;
+          zs[kSplitWords + d / 2 + 4 * r] = parts.y;
+        }
+      }
     }
   }
+}
+// z[m] += sum_t weight_t X[t][m] over the 64 XT columns of tiles X (wg_sum_columns with one block).
+template <class T, int XT>
+__device__ __forceinline__ void wg_add_column_sums(const unsigned char* X, const float* weight, float* z, int tid) {
+  wg_sum_columns<T, XT, 1>(X, 0, weight, z, z, nullptr, 0, tid);
 }
 
 }  // namespace attnrnn::cuda
