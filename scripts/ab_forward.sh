@@ -24,11 +24,12 @@ if [ -n "${BITWISE:-}" ]; then
     for tree in $OLD "$PWD"; do
       label=$([ "$tree" = "$PWD" ] && echo this || basename "$tree")
       PYTHONPATH=$tree/python:$PWD/tests/python ATTNRNN_TC_WGMMA=$mask python3 scripts/outputs_of.py \
-        "$OUT/outputs_${label}_$mask.pt" 2>&1 | grep -v -i warn
+        "$OUT/outputs_${label}_$mask.pt" >"$OUT/outputs_${label}_$mask.log" 2>&1 ||
+        { echo "mask $mask: saving the outputs of $label FAILED"; tail -5 "$OUT/outputs_${label}_$mask.log"; }
     done
     for tree in $OLD; do
-      python3 scripts/outputs_of.py --compare "$OUT/outputs_$(basename "$tree")_$mask.pt" "$OUT/outputs_this_$mask.pt" |
-        sed "s/^/mask $mask: /"
+      python3 scripts/outputs_of.py --compare "$OUT/outputs_$(basename "$tree")_$mask.pt" "$OUT/outputs_this_$mask.pt" 2>&1 |
+        tail -3 | sed "s/^/mask $mask: /"
     done
   done | tee -a "$OUT/ab_bitwise.txt"
 fi

@@ -39,12 +39,22 @@ def save(path):
     torch.save(out, path)
 
 
+def same_bits(x, y):
+    """Equal shapes, dtypes and bits (NaNs with the same payload count as equal)."""
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    return torch.equal(x.contiguous().view(as_int), y.contiguous().view(as_int))
+
+
 def compare(a_path, b_path):
     a, b = torch.load(a_path), torch.load(b_path)
-    differ = [k for k in a if not torch.equal(a[k], b[k])]
     missing = sorted(set(a) ^ set(b))
-    print(f"{a_path} vs {b_path}: {len(a) - len(differ)} of {len(a)} tensors bitwise equal"
-          + (f"; differ: {', '.join(differ[:8])}" if differ else "") + (f"; missing: {missing}" if missing else ""))
+    common = [k for k in a if k in b]
+    differ = [k for k in common if not same_bits(a[k], b[k])]
+    verdict = "BITWISE EQUAL" if not differ and not missing else "BITWISE DIFFERENT"
+    print(f"{verdict}: {a_path} vs {b_path}: {len(common) - len(differ)} of {len(common)} tensors equal"
+          + (f"; differ: {', '.join(differ[:8])}" if differ else "") + (f"; in one file only: {missing}" if missing else ""))
     return not differ and not missing
 
 

@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   if (z_width > 0 && p.normalize && tid < z_width) z[tid] = z_initial(tid);
   // The forward's z split for the bf16 sums (wg_split_operand), in dd's place, renewed with z
   constexpr bool kSplitZ = kFwd && std::is_same_v<T, __nv_bfloat16>;
-  static_assert(NS * C >= 2 * kSplitWords, "the forward's split z fits in dd's place");
+  static_assert(NS * C >= DI, "the forward's split z (one word per dim) fits in dd's place");
   uint32_t* zs = reinterpret_cast<uint32_t*>(fl + L::dd);
   if (kSplitZ && p.normalize) split_vector<T>(z_initial, DI, zs, tid);
   // S as 16-bit hi + lo tiles [d][c] for the products A S

@@ -37,7 +37,7 @@ struct WgPairLayout {
   // floats after the state tiles: dk's dd [stages][128] (the forward's split z [2][128] words), then
   // z; the forward's z is double-buffered [2][128], so that its column sums run inside the step
   static constexpr int dd = 0, z = stages * chunk, floats = z + 2 * z_floats;
-  static_assert(stages * chunk >= 2 * 2 * kSplitWords, "the forward's split z fits in dd's place");
+  static_assert(stages * chunk >= 2 * 64 * KT, "the forward's split z [2][128] fits in dd's place");
   // two stages, S_hi and S_lo [dim tile], the floats: 194 KiB, one block per SM
   static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + floats * 4;
   static constexpr int64_t partial_floats = WgLayout<128>::partial_floats;  // S [128][64], then z
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   // split for the bf16 sums (wg_split_operand).
   int zb = 0;
   auto z_buf = [&](int b) { return z + b * L::z_floats; };
-  auto zs_buf = [&](int b) { return reinterpret_cast<uint32_t*>(fl + L::dd) + b * 2 * kSplitWords; };
+  auto zs_buf = [&](int b) { return reinterpret_cast<uint32_t*>(fl + L::dd) + b * L::z_floats; };
   constexpr bool kSplitZ = kFwd && std::is_same_v<T, __nv_bfloat16>;
   const int tid = threadIdx.x, w = tid / 128, t = tid % 128;  // warpgroup, thread in it
 
@@ -220,10 +220,6 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
         wg_mma_ss<T, 0, 0>(P[i], wg_descriptor(Aw, along(j)), wg_descriptor(Bt + (b0 + i) * KT * kWgTileBytes, along(j)),
                            j > 0);
     wg_commit();
-    float qz[2];  // the forward's a_t . z (normalize), while P runs
-    if constexpr (kFwd) {
-      if (p.normalize) wg_row_dot_z<T, DI>(Aw, z_buf(zb), zs_buf(zb), t, qz);
-    }
     wg_wait_all();
 #pragma unroll
     for (int i = 0; i < nb; ++i) wg_hold(P[i]);
@@ -278,6 +274,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     wg_wait_all();
     wg_hold(O);
     // ---- epilogue: one output per query head, or the group's sum after its last head --------------
+    [[maybe_unused]] float qz[2] = {0.f, 0.f};  // the forward's a_t . z (normalize)
     auto epilogue = [&]() {
       if (Info::group_sum && !s.last) return;
       const int64_t out_head = Info::group_sum ? g : s.h;
@@ -303,14 +300,23 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       }
     };
     // The epilogue after the update, not while it runs: in its shadow the bf16 forward spilled 40 B
-    // (255 registers); the other warpgroup's products fill the gap instead.
+    // (255 registers); the other warpgroup's products fill the gap instead. The forward's a_t . z
+    // (normalize) and the column sums do run there.
+    auto dot_z = [&]() {
+      if constexpr (kFwd) {
+        if (p.normalize) wg_row_dot_z<T, DI>(Aw, z_buf(zb), zs_buf(zb), t, qz);
+      }
+    };
     if (update) {
       wg_fence();
       update_state();
       wg_commit();
       sum_keys();
+      dot_z();
       wg_wait_all();
       wg_hold(S[0]);
+    } else {
+      dot_z();
     }
     epilogue();
   };

@@ -38,26 +38,24 @@ __device__ __forceinline__ void wg_vector_operand(const float* x, int k0, int la
   }
 }
 
-// A vector kept beside its split (the forward's z, bf16): word m of the first kSplitWords holds the
-// high parts of dims 2m and 2m + 1, word kSplitWords + m their low parts, as split_pair makes them.
-// The sums then read their operand instead of splitting it again in every thread and step.
-constexpr int kSplitWords = 64;
+// A vector kept beside its split (the forward's z, bf16): for each pair of dims (2m, 2m + 1), word 2m
+// holds their packed high parts and word 2m + 1 their low parts, as split_pair makes them (one word per
+// dim; a warp's reads hit 8 consecutive words). The sums then read their operand instead of splitting
+// it again in every thread and step.
 template <class T>
 __device__ __forceinline__ void wg_split_operand(const uint32_t* xs, int k0, int lane, uint32_t (&b)[2]) {
-  const int col = lane / 4, k = k0 + 2 * (lane % 4);
+  const int col = lane / 4;
+  const uint32_t* x = xs + 2 * (lane % 4) + (col & 1);  // this lane's word of each k16 slice half
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const uint32_t word = xs[(col & 1) * kSplitWords + (k + 8 * half) / 2];
-    b[half] = col < 2 ? word : 0u;
-  }
+  for (int half = 0; half < 2; ++half) b[half] = col < 2 ? x[k0 + 8 * half] : 0u;
 }
-// Words m = dim / 2 of xs for dims [0, n) of x, by threads tid < n / 2 (x from a function of the dim).
+// Words [0, n) of xs for dims [0, n) of x, by threads tid < n / 2 (x from a function of the dim).
 template <class T, class X>
 __device__ __forceinline__ void split_vector(X&& x_of, int n, uint32_t* xs, int tid) {
   if (tid < n / 2) {
     const uint2 parts = split_pair<T>(x_of(2 * tid), x_of(2 * tid + 1));
-    xs[tid] = parts.x;
-    xs[kSplitWords + tid] = parts.y;
+    xs[2 * tid] = parts.x;
+    xs[2 * tid + 1] = parts.y;
   }
 }
 
@@ -177,8 +175,8 @@ __device__ __forceinline__ void wg_sum_columns(const unsigned char* X, int block
 #pragma unroll
         for (int r = 0; r < 2; ++r) {  // dims d and d + 8
           const uint2 parts = split_pair<T>(v[r], next[r]);
-          zs[d / 2 + 4 * r] = parts.x;
-          zs[kSplitWords + d / 2 + 4 * r] = parts.y;
+          zs[d + 8 * r] = parts.x;
+          zs[d + 8 * r + 1] = parts.y;
         }
       }
     }
