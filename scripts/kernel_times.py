@@ -7,7 +7,7 @@ the training shapes, from torch.profiler: kernel times without the host's share 
 7 with dk and dv in one sweep at K = V = 64, 15 also the forward at K = 128, 31 also dq at V = 128
 and 63 (default) also dk and dv at inner dim 128 on 128-token chunks, where the shape rule picks
 them (127: at every shape);
-ATTNRNN_BWD_CONCURRENT=0 keeps the backward's sweeps apart, so that each one's time is its own.)
+ATTNRNN_BWD_CONCURRENT=0, the default, keeps the backward's sweeps apart, so that each one's time is its own.)
 Sweep kernels are listed by role (chunk_wg_kernel:dk).
 """
 import collections

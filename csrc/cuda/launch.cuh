@@ -15,9 +15,10 @@
 //             128-token chunks; WgPairLayout)
 //   den       with normalize, the backward's w and dd come from the forward's saved w when it is
 //             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
-//   overlap   the backward's dq, dk and dv sweeps run at once (dk and dv on two side streams
-//             forked from and joined into the call's stream; ATTNRNN_BWD_CONCURRENT=0 keeps them
-//             in one stream), each with its own pass-1 partials (BwdPartials)
+//   overlap   with ATTNRNN_BWD_CONCURRENT=1 the backward's dq, dk and dv sweeps run at once (dk
+//             and dv on two side streams forked from and joined into the call's stream), each with
+//             its own pass-1 partials (BwdPartials); by default they follow each other in the
+//             call's stream, which measured faster once dk+dv fused and the 128-token sweeps came
 //
 // Tile table of the generic path (256 threads per block, CUDA-core FMAs):
 //   forward   BV = min(64, V) value columns per block; chunk C = the largest power of two <= the
@@ -168,7 +169,7 @@ Status launch_tc(const LinearAttnParams& p, int64_t inner, float* partial, const
 bool wgmma_device();
 
 // Two side streams of the current device, forked from `main` by an event and joined back into it
-// (linear_attn.cu). The fork reaches no side stream (sides == 0) with ATTNRNN_BWD_CONCURRENT=0,
+// (linear_attn.cu). The fork reaches no side stream (sides == 0) unless ATTNRNN_BWD_CONCURRENT=1,
 // inside a stream capture, or where side streams cannot be made: the sweeps then all run on main.
 struct SweepFork {
   int sides = 0;  // side streams that wait for main: side[0, sides)

@@ -70,7 +70,7 @@ cudaStream_t side_streams_cache[kCachedDevices][2];
 bool concurrent_sweeps_enabled() {
   static const bool enabled = [] {
     const char* env = std::getenv("ATTNRNN_BWD_CONCURRENT");
-    return env == nullptr || std::atoi(env) != 0;
+    return env != nullptr && std::atoi(env) != 0;
   }();
   return enabled;
 }

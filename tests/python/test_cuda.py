@@ -226,7 +226,7 @@ def test_ops_run_on_the_current_stream(ar):
     assert torch.equal(got, expected)
 
 
-# ATTNRNN_BWD_CONCURRENT=0 (read once per process) runs the backward's dq, dk and dv sweeps one
+# ATTNRNN_BWD_CONCURRENT=0 (the default; read once per process) runs the backward's dq, dk and dv sweeps one
 # after another on the call's stream instead of overlapping them on side streams; ATTNRNN_TC_WGMMA
 # picks the wgmma sweeps with dk and dv fused at K = V = 64 (7), apart (3), or the mma.sync ones
 # (1: the forward only on wgmma).
