@@ -351,20 +351,30 @@ Status compute_features(const LinearAttnParams& p, bool backward, TcFeatures& fe
   return Status::kSuccess;
 }
 
-template <class T, TcRole R, int DI>
+template <class T, TcRole R, int DI, bool WithNormalizer = true>
 Status launch_wg_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
-  return launch_sweep(chunk_wg_kernel<T, R, DI>, WgLayoutOf<R, DI>::smem_bytes, p, partial, wg_segments<R, DI>(p),
+  return launch_sweep(chunk_wg_kernel<T, R, DI, WithNormalizer>, WgLayoutOf<R, DI>::smem_bytes, p, partial, wg_segments<R, DI>(p),
                       wg_tiles<R>(p), feat, what);
 }
-template <class T, TcRole R>
+template <class T, TcRole R, bool WithNormalizer = true>
 Status launch_wg_pair(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
-  return launch_sweep(chunk_wg_pair_kernel<T, R>, WgPairLayout::smem_bytes, p, partial, wg_pair_segments<R>(p),
+  return launch_sweep(chunk_wg_pair_kernel<T, R, WithNormalizer>, WgPairLayout::smem_bytes, p, partial, wg_pair_segments<R>(p),
                       wg_tiles<R>(p), feat, what, WgPairLayout::threads, WgPairLayout::chunk);
 }
-template <class T, TcRole R>
+template <class T, TcRole R, bool WithNormalizer = true>
 Status launch_wg(const LinearAttnParams& p, int64_t inner, float* partial, const TcFeatures& feat, const char* what) {
-  return inner == 64 ? launch_wg_role<T, R, 64>(p, partial, feat, what)
-                     : launch_wg_role<T, R, 128>(p, partial, feat, what);
+  return inner == 64 ? launch_wg_role<T, R, 64, WithNormalizer>(p, partial, feat, what)
+                     : launch_wg_role<T, R, 128, WithNormalizer>(p, partial, feat, what);
+}
+// The wgmma forward. Without normalize it runs kernels compiled without the normalizer, whose
+// registers and branches would otherwise cost the unnormalized steps (H200: 249.5 -> 255.7 us at
+// B4-T8192-H16-D128 when the normalizer's z split came in).
+template <class T, bool WithNormalizer>
+Status launch_wg_forward(const LinearAttnParams& p, int64_t K, float* partial, const TcFeatures& feat) {
+  if (wgmma_pair<TcRole::kForward>(p))
+    return launch_wg_pair<T, TcRole::kForward, WithNormalizer>(p, partial, feat,
+                                                              "chunk_linear_attn forward (wgmma, 128-token chunks)");
+  return launch_wg<T, TcRole::kForward, WithNormalizer>(p, K, partial, feat, "chunk_linear_attn forward (wgmma)");
 }
 
 // w and dd from the forward's saved w (chunk_dd.cuh): a grid of at most 8 blocks per SM (fewer fit
@@ -440,10 +450,9 @@ Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
       const Status s = compute_features<T>(p, false, feat);
       if (s != Status::kSuccess) return s;
       float* partial = p.workspace == nullptr ? nullptr : partial_ptr(p, false);
-      if (wgmma_sweeps(p, false, feat) && wgmma_pair<TcRole::kForward>(p))
-        return launch_wg_pair<T, TcRole::kForward>(p, partial, feat, "chunk_linear_attn forward (wgmma, 128-token chunks)");
       if (wgmma_sweeps(p, false, feat))
-        return launch_wg<T, TcRole::kForward>(p, K, partial, feat, "chunk_linear_attn forward (wgmma)");
+        return p.normalize ? launch_wg_forward<T, true>(p, K, partial, feat)
+                           : launch_wg_forward<T, false>(p, K, partial, feat);
       return launch_tc<T, TcRole::kForward>(p, K, partial, feat, "chunk_linear_attn forward (tensor cores)");
     }
   }
