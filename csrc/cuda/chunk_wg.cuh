@@ -33,9 +33,6 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     chunk_wg_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(R != TcRole::kDen, "the den sweep runs on chunk_tc_kernel");
-  // false when compiled without the normalizer; read from p at each use, as a register it would
-  // stay live through the steps
-  auto normalize = [&] { return WithNormalizer && p.normalize; };
   static_assert(R != TcRole::kGradKV || DI == 64, "the fused dk + dv sweep is for K = V = 64");
   using Info = TcRoleInfo<R>;
   using L = WgLayoutOf<R, DI>;
@@ -100,12 +97,12 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + i];
     return x;
   };
-  if (z_width > 0 && normalize() && tid < z_width) z[tid] = z_initial(tid);
+  if (z_width > 0 && normalizes<WithNormalizer>(p) && tid < z_width) z[tid] = z_initial(tid);
   // The forward's z split for the bf16 sums (wg_split_operand), in dd's place, renewed with z
   constexpr bool kSplitZ = kFwd && std::is_same_v<T, __nv_bfloat16>;
   static_assert(NS * C >= DI, "the forward's split z (one word per dim) fits in dd's place");
   uint32_t* zs = reinterpret_cast<uint32_t*>(fl + L::dd);
-  if (kSplitZ && normalize()) split_vector<T>(z_initial, DI, zs, tid);
+  if (kSplitZ && normalizes<WithNormalizer>(p)) split_vector<T>(z_initial, DI, zs, tid);
   // S as 16-bit hi + lo tiles [d][c] for the products A S
   auto publish_state = [&]() { wg_publish_state<T, KT>(S, Sh, Sl, tid); };
   if (!split.state_only) publish_state();
@@ -137,7 +134,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     Weights wt{};
     if constexpr (!kFwd) {
       auto weight = [&](const float* ws, int r, float otherwise) {
-        return normalize() && r < s.cl ? ws[token_index(p, seq, s.t0 + r, s.h)] : otherwise;
+        return normalizes<WithNormalizer>(p) && r < s.cl ? ws[token_index(p, seq, s.t0 + r, s.h)] : otherwise;
       };
 #pragma unroll
       for (int j = 0; j < C / 16; ++j) wt.w[j] = weight(ws_w, tid / 8 + 16 * j, scale);
@@ -158,7 +155,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     load_tiles(st + KT * kWgTileBytes, b_src, head_of(Info::b, s), DI, s);
     load_tiles(st + 2 * KT * kWgTileBytes, c_src, head_of(Info::c, s), D, s);
     if (kDkv && !split.state_only) load_tiles(st + 3 * kWgTileBytes, v_src, g, D, s);
-    if ((kDk || kDkv) && normalize() && tid < C) {
+    if ((kDk || kDkv) && normalizes<WithNormalizer>(p) && tid < C) {
       const bool valid = tid < s.cl;
       cp_async4(fl + L::dd + (i % NS) * C + tid, ws_dd + (valid ? token_index(p, seq, s.t0 + tid, s.h) : 0), valid);
     }
@@ -259,8 +256,8 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
           for (int q = 0; q < 4; ++q) {
             const int e = 8 * j + 2 * q, r = wg_acc_row(tid, e), col = wg_acc_col(tid, e);
             float x0 = P[e], x1 = P[e + 1];
-            if (kDq && normalize()) x0 += wt.dd[q & 1], x1 += wt.dd[q & 1];
-            if (dd_col_terms && normalize()) x0 += dd_cols[col], x1 += dd_cols[col + 1];
+            if (kDq && normalizes<WithNormalizer>(p)) x0 += wt.dd[q & 1], x1 += wt.dd[q & 1];
+            if (dd_col_terms && normalizes<WithNormalizer>(p)) x0 += dd_cols[col], x1 += dd_cols[col + 1];
             x0 = (Info::reverse ? col >= r : col <= r) ? x0 : 0.f;
             x1 = (Info::reverse ? col + 1 >= r : col + 1 <= r) ? x1 : 0.f;
             rowsum[q & 1] += x0 + x1;
@@ -272,7 +269,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
       wg_hold(O);
       if constexpr (kDkv) wg_hold(O2);
       if constexpr (kDq || kDk || kDkv) {
-        if (normalize() && fresh_output) {  // O += dd_t z (dq) or dz (dk) on the output columns
+        if (normalizes<WithNormalizer>(p) && fresh_output) {  // O += dd_t z (dq) or dz (dk) on the output columns
           float(&dz_target)[32] = kDkv ? O2 : O;
 #pragma unroll
           for (int e = 0; e < 32; ++e) dz_target[e] += (kDq ? wt.dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(tid, e)];
@@ -316,7 +313,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         float inv[2] = {1.f, 1.f};
         if constexpr (kFwd) {
           inv[0] = inv[1] = scale;
-          if (normalize()) {
+          if (normalizes<WithNormalizer>(p)) {
             float qz[2];
             wg_row_dot_z<T, DI>(At, z, zs, tid, qz);
             wg_forward_scale(rowsum, qz, scale, eps, inv);
@@ -361,7 +358,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
 
     __syncthreads();  // every warp is done with this stage, S_hi / S_lo and z
     if (update) {
-      if (normalize()) {
+      if (normalizes<WithNormalizer>(p)) {
         if constexpr (kFwd)  // z += colsum phi(k), and its split
           wg_sum_columns<T, KT, 1>(Bt, 0, nullptr, z, z, kSplitZ ? zs : nullptr, 0, tid);
         if constexpr (kDq) wg_add_column_sums<T, 1>(Ct, nullptr, z, tid);   // z += colsum phi(k), columns
@@ -378,7 +375,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   if (split.state_only) {
     float* part = partial_at(seg);
     for_each_state([&](float& x, int d, int c) { part[d * D + c] = x; });
-    if (tid < L::z_floats) part[DI * D + tid] = normalize() && tid < z_width ? z[tid] : 0.f;
+    if (tid < L::z_floats) part[DI * D + tid] = normalizes<WithNormalizer>(p) && tid < z_width ? z[tid] : 0.f;
     return;
   }
   if (seg != split.segments - 1) return;
@@ -390,7 +387,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     if (p.final_z != nullptr && tile == 0 && tid < DI) static_cast<float*>(p.final_z)[state_row * K + tid] = z[tid];
   }
   if constexpr (kDk || kDkv) {
-    if (normalize() && p.d_initial_z != nullptr && tid < D) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + tid] = z[tid];
+    if (normalizes<WithNormalizer>(p) && p.d_initial_z != nullptr && tid < D) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + tid] = z[tid];
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // launched from an image without sm_90a code: fail loudly rather than leave outputs unwritten

@@ -49,9 +49,6 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     chunk_wg_pair_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(R != TcRole::kDen && R != TcRole::kGradKV, "the den and fused dk + dv sweeps are not paired");
-  // false when compiled without the normalizer; read from p at each use, as a register it would
-  // stay live through the steps
-  auto normalize = [&] { return WithNormalizer && p.normalize; };
   using L = WgPairLayout;
   using Info = TcRoleInfo<R>;
   constexpr bool kFwd = R == TcRole::kForward, kDq = R == TcRole::kGradQ, kDk = R == TcRole::kGradK;
@@ -112,8 +109,8 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + i];
     return x;
   };
-  if (z_width > 0 && normalize() && tid < z_width) z[tid] = z_initial(tid);
-  if (kSplitZ && normalize()) split_vector<T>(z_initial, DI, zs_buf(0), tid);
+  if (z_width > 0 && normalizes<WithNormalizer>(p) && tid < z_width) z[tid] = z_initial(tid);
+  if (kSplitZ && normalizes<WithNormalizer>(p)) split_vector<T>(z_initial, DI, zs_buf(0), tid);
   auto publish_state = [&]() { wg_publish_state<T, 1>(S, Sh + w * kWgTileBytes, Sl + w * kWgTileBytes, t); };
   if (!split.state_only) publish_state();
 
@@ -140,7 +137,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     Weights wt{};
     if (!kFwd && !(kDq && split.state_only)) {  // dq's dout is the A tile, not loaded in pass 1
       auto weight = [&](const float* ws, int r, float otherwise) {
-        return normalize() && r < s.cl ? ws[token_index(p, seq, s.t0 + r, s.h)] : otherwise;
+        return normalizes<WithNormalizer>(p) && r < s.cl ? ws[token_index(p, seq, s.t0 + r, s.h)] : otherwise;
       };
 #pragma unroll
       for (int j = 0; j < 4; ++j) wt.w[j] = weight(ws_w, tid / 8 + 32 * j, scale);
@@ -160,7 +157,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     if (!split.state_only) wg_load_pair_tiles<T>(st + L::a, a_src, head_of(Info::a, s), DI, s.t0, s.cl, tid);
     wg_load_pair_tiles<T>(st + L::b, b_src, head_of(Info::b, s), DI, s.t0, s.cl, tid);
     wg_load_pair_tiles<T>(st + L::c, c_src, head_of(Info::c, s), D, s.t0, s.cl, tid);
-    if (kDk && normalize() && tid < C) {
+    if (kDk && normalizes<WithNormalizer>(p) && tid < C) {
       const bool valid = tid < s.cl;
       cp_async4(fl + L::dd + (i % NS) * C + tid, ws_dd + (valid ? token_index(p, seq, s.t0 + tid, s.h) : 0), valid);
     }
@@ -191,7 +188,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     // update runs.
     auto sum_keys = [&]() {
       if constexpr (kFwd) {
-        if (normalize())
+        if (normalizes<WithNormalizer>(p))
           wg_sum_columns<T, 1, L::RB>(Bt + W * kWgTileBytes, KT * kWgTileBytes, nullptr, z_buf(zb), z_buf(zb ^ 1),
                                       kSplitZ ? zs_buf(zb ^ 1) : nullptr, 64 * W, t);
       }
@@ -246,8 +243,8 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
         for (int q = 0; q < 4; ++q) {
           const int e = 8 * j + 2 * q, r = wg_acc_row(t, e), col = wg_acc_col(t, e);
           float x0 = P[i][e], x1 = P[i][e + 1];
-          if (kDq && normalize()) x0 += wt.dd[q & 1], x1 += wt.dd[q & 1];
-          if (kDk && normalize()) x0 += dd_cols[64 * (b0 + i) + col], x1 += dd_cols[64 * (b0 + i) + col + 1];
+          if (kDq && normalizes<WithNormalizer>(p)) x0 += wt.dd[q & 1], x1 += wt.dd[q & 1];
+          if (kDk && normalizes<WithNormalizer>(p)) x0 += dd_cols[64 * (b0 + i) + col], x1 += dd_cols[64 * (b0 + i) + col + 1];
           if (b0 + i == W) {
             x0 = (Info::reverse ? col >= r : col <= r) ? x0 : 0.f;
             x1 = (Info::reverse ? col + 1 >= r : col + 1 <= r) ? x1 : 0.f;
@@ -258,7 +255,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     wg_wait_all();  // A S
     wg_hold(O);
     if constexpr (kDq || kDk) {
-      if (normalize() && fresh_output) {  // O += dd_t z (dq) or dz (dk) on the output columns
+      if (normalizes<WithNormalizer>(p) && fresh_output) {  // O += dd_t z (dq) or dz (dk) on the output columns
 #pragma unroll
         for (int e = 0; e < 32; ++e) O[e] += (kDq ? wt.dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(t, e)];
       }
@@ -286,7 +283,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       };
       if constexpr (kFwd) {
         float inv[2] = {scale, scale};
-        if (normalize()) {
+        if (normalizes<WithNormalizer>(p)) {
           wg_forward_scale(rowsum, qz, scale, eps, inv);
           if (p.den_out != nullptr && tile == 0) {
             const int r0 = wg_acc_row(t, 0);
@@ -307,7 +304,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     // (normalize) and the column sums do run there.
     auto dot_z = [&]() {
       if constexpr (kFwd) {
-        if (normalize()) wg_row_dot_z<T, DI>(Aw, z_buf(zb), zs_buf(zb), t, qz);
+        if (normalizes<WithNormalizer>(p)) wg_row_dot_z<T, DI>(Aw, z_buf(zb), zs_buf(zb), t, qz);
       }
     };
     if (update) {
@@ -357,7 +354,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     __syncthreads();  // both warpgroups are done with this stage, S_hi / S_lo and z
     const bool update = Info::group_sum || s.last;
     if (kFwd && update) zb ^= 1;  // the column sums ran in the step
-    if (update && normalize()) {
+    if (update && normalizes<WithNormalizer>(p)) {
       if constexpr (kDq || kDk) {
         // dq: z += colsum Cv; dk: dz += sum_t dd_t Cv_t; on the output columns, one writer per column
         if (w == 0) {
@@ -377,7 +374,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     float* part = partial_at(seg);
 #pragma unroll
     for (int i = 0; i < 32; ++i) part[state_dim(i) * D + wg_acc_col(t, i)] = S[0][i];
-    if (tid < L::z_floats) part[DI * D + tid] = normalize() && tid < z_width ? z_buf(zb)[tid] : 0.f;
+    if (tid < L::z_floats) part[DI * D + tid] = normalizes<WithNormalizer>(p) && tid < z_width ? z_buf(zb)[tid] : 0.f;
     return;
   }
   if (seg != split.segments - 1) return;
@@ -392,7 +389,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     if (p.final_z != nullptr && tile == 0 && tid < DI) static_cast<float*>(p.final_z)[state_row * K + tid] = z_buf(zb)[tid];
   }
   if constexpr (kDk) {
-    if (normalize() && p.d_initial_z != nullptr && tid < D) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + tid] = z[tid];
+    if (normalizes<WithNormalizer>(p) && p.d_initial_z != nullptr && tid < D) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + tid] = z[tid];
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // launched from an image without sm_90a code: fail loudly rather than leave outputs unwritten
