@@ -1,3 +1,3 @@
-#include "../launch.cuh"
+#include "../step_launch.cuh"
 
 template attnrnn::Status attnrnn::cuda::launch_step<double>(const LinearAttnStepParams&);
