@@ -34,11 +34,12 @@ struct WgPairLayout {
   static constexpr int a = 0, b = RB * KT * kWgTileBytes, c = 2 * RB * KT * kWgTileBytes;
   static constexpr int stage = c + RB * kWgTileBytes;
   static constexpr int z_floats = 64 * KT;
-  // floats after the state tiles: dk's dd [stages][128] (the forward's split z [2][128] words), then
-  // z; the forward's z is double-buffered [2][128], so that its column sums run inside the step
-  static constexpr int dd = 0, z = stages * chunk, floats = z + 2 * z_floats;
-  static_assert(stages * chunk >= 2 * 64 * KT, "the forward's split z [2][128] fits in dd's place");
-  // two stages, S_hi and S_lo [dim tile], the floats: 194 KiB, one block per SM
+  // floats after the state tiles: dk's dd [stages][128], then dq's / dk's z on the output columns. The
+  // forward has there a tile of ones [8][64] and z's split tile [8][128], the B operands of its column
+  // sums and of a . z (wgmma_sums.cuh; 1 KiB-aligned like every tile), then z in fp32 (fp16's a . z).
+  static constexpr int dd = 0, z = stages * chunk;
+  static constexpr int ones = 0, zsplit = 256, z_fp32 = 768, floats = z_fp32 + z_floats;
+  // two stages, S_hi and S_lo [dim tile], the floats: 195.5 KiB, one block per SM
   static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + floats * 4;
   static constexpr int64_t partial_floats = WgLayout<128>::partial_floats;  // S [128][64], then z
   static_assert(smem_bytes + 1024 <= 228 * 1024, "one block must fit on an SM");
@@ -58,14 +59,16 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   unsigned char* Sh = smem + NS * L::stage;    // KT tiles [64 dims][64 cols]
   unsigned char* Sl = Sh + KT * kWgTileBytes;
   float* fl = reinterpret_cast<float*>(Sl + KT * kWgTileBytes);
-  float* z = fl + L::z;  // the forward's key sums on the inner dims; dq's key sums, dk's dz on the columns
-  // The forward's z: buffer zb is the key sums before the step's chunk, the other one takes the
-  // chunk's column sums (both warpgroups read all of z while each sums its own dims); zs[zb] is z
-  // split for the bf16 sums (wg_split_operand).
-  int zb = 0;
-  auto z_buf = [&](int b) { return z + b * L::z_floats; };
-  auto zs_buf = [&](int b) { return reinterpret_cast<uint32_t*>(fl + L::dd) + b * L::z_floats; };
-  constexpr bool kSplitZ = kFwd && std::is_same_v<T, __nv_bfloat16>;
+  float* z = fl + L::z;  // dq's key sums, dk's dz on the output columns
+  // The forward's z of this warpgroup's dims [64 w, 64 w + 64): an m64n8 accumulator beside S (every
+  // column alike), published with S as z's split tile (bf16: a . z on the tensor cores) or in fp32.
+  float Z[4] = {0.f, 0.f, 0.f, 0.f};
+  unsigned char* ones = reinterpret_cast<unsigned char*>(fl + L::ones);
+  unsigned char* zsplit = reinterpret_cast<unsigned char*>(fl + L::zsplit);
+  float* z_fp32 = fl + L::z_fp32;
+  // The forward runs with WithNormalizer == p.normalize (launch_wg_forward): its normalizer's products
+  // are chosen at compile time, since a branch inside a product group serializes it (C7519, C7515).
+  constexpr bool kFwdNorm = kFwd && WithNormalizer, kSplitZ = kFwdNorm && std::is_same_v<T, __nv_bfloat16>;
   const int tid = threadIdx.x, w = tid / 128, t = tid % 128;  // warpgroup, thread in it
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
@@ -109,9 +112,17 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + i];
     return x;
   };
-  if (z_width > 0 && normalizes<WithNormalizer>(p) && tid < z_width) z[tid] = z_initial(tid);
-  if (kSplitZ && normalizes<WithNormalizer>(p)) split_vector<T>(z_initial, DI, zs_buf(0), tid);
-  auto publish_state = [&]() { wg_publish_state<T, 1>(S, Sh + w * kWgTileBytes, Sl + w * kWgTileBytes, t); };
+  if constexpr (kFwdNorm) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) Z[i] = z_initial(64 * w + wg_acc_row(t, i));
+    wg_fill_ones<T>(ones, tid, L::threads);
+  } else if (z_width > 0 && normalizes<WithNormalizer>(p) && tid < z_width) {
+    z[tid] = z_initial(tid);
+  }
+  auto publish_state = [&]() {
+    wg_publish_state<T, 1>(S, Sh + w * kWgTileBytes, Sl + w * kWgTileBytes, t);
+    if constexpr (kFwdNorm) wg_publish_z<T>(Z, zsplit, z_fp32, 64 * w, t);
+  };
   if (!split.state_only) publish_state();
 
   // ---- the steps: (chunk, query head) pairs of this segment, in sweep order ---------------------
@@ -176,32 +187,30 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     const unsigned char* Bt = st + L::b;
     const unsigned char* Ct = st + L::c;
     const bool update = Info::group_sum || s.last;  // S moves after this step
-    auto update_state = [&]() {  // S_W += B[:, dims of W]^T Cv over the chunk's 128 tokens
+    // S_W += B[:, dims of W]^T Cv over the chunk's 128 tokens; the forward's z of the dims of W
+    // += B[:, dims of W]^T ones (its column sums)
+    auto update_state = [&]() {
+      if constexpr (kFwdNorm) wg_hold(Z);
+      wg_fence();
 #pragma unroll
       for (int b = 0; b < L::RB; ++b)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           wg_mma_ss<T, 1, 1>(S[0], wg_descriptor(Bt, (b * KT + W) * kWgTileBytes + 2048 * j),
                              wg_descriptor(Ct, b * kWgTileBytes + 2048 * j), 1);
+      if constexpr (kFwdNorm) wg_add_key_sums<T, L::RB>(Z, Bt, W * kWgTileBytes, KT * kWgTileBytes, ones);
+      wg_commit();
     };
-    // The forward's z, dims of W, into the other buffer: + colsum B over both row blocks, while the
-    // update runs.
-    auto sum_keys = [&]() {
-      if constexpr (kFwd) {
-        if (normalizes<WithNormalizer>(p))
-          wg_sum_columns<T, 1, L::RB>(Bt + W * kWgTileBytes, KT * kWgTileBytes, nullptr, z_buf(zb), z_buf(zb ^ 1),
-                                      kSplitZ ? zs_buf(zb ^ 1) : nullptr, 64 * W, t);
-      }
+    auto update_done = [&]() {
+      wg_wait_all();
+      wg_hold(S[0]);
+      if constexpr (kFwdNorm) wg_hold(Z);
     };
     if (split.state_only) {  // ---- pass 1 of a split: only the state moves ------------------------
       if (update) {
         wg_hold(S[0]);
-        wg_fence();
         update_state();
-        wg_commit();
-        sum_keys();
-        wg_wait_all();
-        wg_hold(S[0]);
+        update_done();
       }
       return;
     }
@@ -223,13 +232,16 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     wg_wait_all();
 #pragma unroll
     for (int i = 0; i < nb; ++i) wg_hold(P[i]);
-    // ---- O = A_W S_hi + A_W S_lo once per output, running while P is masked -----------------------
+    // ---- O = A_W S_hi + A_W S_lo once per output, running while P is masked; the bf16 forward's
+    // a_t . z (normalize) in the same group: columns 2c, 2c + 1 of QZ are a_t . z_hi and a_t . z_lo
+    [[maybe_unused]] float QZ[4] = {0.f, 0.f, 0.f, 0.f};
     if (fresh_output) {
       wg_fence();
 #pragma unroll
       for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(Aw, along(j)), wg_descriptor(Sh, down(j)), j > 0);
 #pragma unroll
       for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(Aw, along(j)), wg_descriptor(Sl, down(j)), 1);
+      if constexpr (kSplitZ) wg_dot_z_products<T, DI>(QZ, Aw, zsplit);
       wg_commit();
     }
     // ---- mask (with dq's / dk's dd terms): block W is the diagonal one; the others are whole -------
@@ -254,6 +266,12 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
         }
     wg_wait_all();  // A S
     wg_hold(O);
+    [[maybe_unused]] float qz[2] = {0.f, 0.f};  // the forward's a_t . z (normalize)
+    if constexpr (kSplitZ) {
+      wg_hold(QZ);
+      qz[0] = QZ[0] + QZ[1];
+      qz[1] = QZ[2] + QZ[3];
+    }
     if constexpr (kDq || kDk) {
       if (normalizes<WithNormalizer>(p) && fresh_output) {  // O += dd_t z (dq) or dz (dk) on the output columns
 #pragma unroll
@@ -274,7 +292,6 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     wg_wait_all();
     wg_hold(O);
     // ---- epilogue: one output per query head, or the group's sum after its last head --------------
-    [[maybe_unused]] float qz[2] = {0.f, 0.f};  // the forward's a_t . z (normalize)
     auto epilogue = [&]() {
       if (Info::group_sum && !s.last) return;
       const int64_t out_head = Info::group_sum ? g : s.h;
@@ -300,21 +317,15 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       }
     };
     // The epilogue after the update, not while it runs: in its shadow the bf16 forward spilled 40 B
-    // (255 registers); the other warpgroup's products fill the gap instead. The forward's a_t . z
-    // (normalize) and the column sums do run there.
+    // (255 registers); the other warpgroup's products fill the gap instead. fp16's a_t . z (fp32
+    // sums, normalize) does run there.
     auto dot_z = [&]() {
-      if constexpr (kFwd) {
-        if (normalizes<WithNormalizer>(p)) wg_row_dot_z<T, DI>(Aw, z_buf(zb), zs_buf(zb), t, qz);
-      }
+      if constexpr (kFwdNorm && !kSplitZ) wg_row_dot_z<T, DI>(Aw, z_fp32, nullptr, t, qz);
     };
     if (update) {
-      wg_fence();
       update_state();
-      wg_commit();
-      sum_keys();
       dot_z();
-      wg_wait_all();
-      wg_hold(S[0]);
+      update_done();
     } else {
       dot_z();
     }
@@ -353,7 +364,6 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       step_of_warpgroup(std::integral_constant<int, 1>{}, s, st, wt, dd_cols);
     __syncthreads();  // both warpgroups are done with this stage, S_hi / S_lo and z
     const bool update = Info::group_sum || s.last;
-    if (kFwd && update) zb ^= 1;  // the column sums ran in the step
     if (update && normalizes<WithNormalizer>(p)) {
       if constexpr (kDq || kDk) {
         // dq: z += colsum Cv; dk: dz += sum_t dd_t Cv_t; on the output columns, one writer per column
@@ -374,7 +384,11 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     float* part = partial_at(seg);
 #pragma unroll
     for (int i = 0; i < 32; ++i) part[state_dim(i) * D + wg_acc_col(t, i)] = S[0][i];
-    if (tid < L::z_floats) part[DI * D + tid] = normalizes<WithNormalizer>(p) && tid < z_width ? z_buf(zb)[tid] : 0.f;
+    if constexpr (kFwd) {
+      wg_store_z(Z, part + DI * D + 64 * w, t);  // Z is 0 without normalize
+    } else if (tid < L::z_floats) {
+      part[DI * D + tid] = normalizes<WithNormalizer>(p) && tid < z_width ? z[tid] : 0.f;
+    }
     return;
   }
   if (seg != split.segments - 1) return;
@@ -386,7 +400,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     }
   }
   if constexpr (kFwd) {
-    if (p.final_z != nullptr && tile == 0 && tid < DI) static_cast<float*>(p.final_z)[state_row * K + tid] = z_buf(zb)[tid];
+    if (p.final_z != nullptr && tile == 0) wg_store_z(Z, static_cast<float*>(p.final_z) + state_row * K + 64 * w, t);
   }
   if constexpr (kDk) {
     if (normalizes<WithNormalizer>(p) && p.d_initial_z != nullptr && tid < D) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + tid] = z[tid];

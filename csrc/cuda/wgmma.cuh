@@ -90,6 +90,23 @@ __device__ __forceinline__ void wg_mma_rs(float (&d)[32], const uint32_t (&a)[4]
   }
 }
 
+// d (+)= A B on an m64n8k16 product (B [k16 x 8]), both operands in shared memory: the normalizer's
+// sums (wgmma_sums.cuh). d holds rows wg_acc_row(t, i), columns wg_acc_col(t, i) for i < 4.
+template <class T, int TransA, int TransB>
+__device__ __forceinline__ void wg_mma_n8_ss(float (&d)[4], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, %8;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(TransA), "n"(TransB));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, %8;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(TransA), "n"(TransB));
+  }
+}
+
 #undef ATTNRNN_WG_ACC
 #undef ATTNRNN_WG_D
 #undef ATTNRNN_WG_MMA
@@ -104,6 +121,10 @@ __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.s
 __device__ __forceinline__ void wg_hold(float (&d)[32]) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void wg_hold(float (&d)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 __device__ __forceinline__ void wg_hold(uint32_t (&a)[4][4]) {
 #pragma unroll

@@ -182,6 +182,66 @@ __device__ __forceinline__ void wg_sum_columns(const unsigned char* X, int block
     }
   }
 }
+// ---- The forward's z on warpgroup MMAs (m64n8k16; chunk_wg_pair.cuh) ----------------------------
+// z over a warpgroup's 64 state dims lives in an m64n8 accumulator Z beside the state, every column
+// the same sum: the chunk's column sums of B are B^T times a [tokens x 8] tile of ones, products with
+// the state update's A operand in the update's own group. a_t . z is A times z's split tile [8][dims]
+// (K-major: hi parts in the even rows, lo parts in the odd ones), so that columns 2c and 2c + 1 of the
+// product add up to a_t . z on every lane, in the group of A S.
+
+// The tile of ones [8][64] (1 KiB), by threads [0, threads).
+template <class T>
+__device__ __forceinline__ void wg_fill_ones(unsigned char* tile, int tid, int threads) {
+  for (int i = tid; i < 256; i += threads) reinterpret_cast<uint32_t*>(tile)[i] = pack2<T>(1.f, 1.f);
+}
+// Z's two sums (rows wg_acc_row(t, 0) and + 8 of the accumulator) to dst[row], from lane 0 of each quad.
+__device__ __forceinline__ void wg_store_z(const float (&Z)[4], float* dst, int t) {
+  if (t % 4 == 0) {
+    dst[wg_acc_row(t, 0)] = Z[0];
+    dst[wg_acc_row(t, 2)] = Z[2];
+  }
+}
+// Z's sums, dims dim0 + its rows, for the next a . z: bf16 into z's split tile (lane q of each quad
+// writes rows 2q and 2q + 1), fp16 in fp32 into z_fp32 (fp16 cannot hold z, which grows with T).
+template <class T>
+__device__ __forceinline__ void wg_publish_z(const float (&Z)[4], unsigned char* zsplit, float* z_fp32, int dim0,
+                                             int t) {
+  if constexpr (std::is_same_v<T, __half>) {
+    wg_store_z(Z, z_fp32 + dim0, t);
+  } else {
+    const int q = t % 4;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int d = dim0 + wg_acc_row(t, 2 * r);
+      const uint2 parts = split_pair<T>(Z[2 * r], 0.f);
+      unsigned char* tile = zsplit + (d / 64) * 1024;
+      *reinterpret_cast<uint16_t*>(tile + wg_swizzled(2 * q, d % 64)) = static_cast<uint16_t>(parts.x);
+      *reinterpret_cast<uint16_t*>(tile + wg_swizzled(2 * q + 1, d % 64)) = static_cast<uint16_t>(parts.y);
+    }
+  }
+}
+// Z += X^T ones over NB row blocks of 64 tokens, the 64-dim tile at X + offset + b block_bytes each
+// (read transposed, as the state update reads it): the column sums, issued into the caller's group.
+template <class T, int NB>
+__device__ __forceinline__ void wg_add_key_sums(float (&Z)[4], const unsigned char* X, int offset, int block_bytes,
+                                                const unsigned char* ones) {
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      wg_mma_n8_ss<T, 1, 0>(Z, wg_descriptor(X, offset + b * block_bytes + 2048 * j), wg_descriptor(ones, 32 * j), 1);
+}
+// QZ = A z_hi | A z_lo over the DI dims of A's tiles (bf16): a_t . z = QZ[0] + QZ[1] (row
+// wg_acc_row(t, 0)) and QZ[2] + QZ[3] (+ 8), issued into the caller's product group.
+template <class T, int DI>
+__device__ __forceinline__ void wg_dot_z_products(float (&QZ)[4], const unsigned char* A, const unsigned char* zsplit) {
+#pragma unroll
+  for (int j = 0; j < DI / 16; ++j) {
+    const int at = (j / 4) * kWgTileBytes + 32 * (j % 4), zat = (j / 4) * 1024 + 32 * (j % 4);
+    wg_mma_n8_ss<T, 0, 0>(QZ, wg_descriptor(A, at), wg_descriptor(zsplit, zat), j > 0);
+  }
+}
+
 // z[m] += sum_t weight_t X[t][m] over the 64 XT columns of tiles X (wg_sum_columns with one block).
 template <class T, int XT>
 __device__ __forceinline__ void wg_add_column_sums(const unsigned char* X, const float* weight, float* z, int tid) {
