@@ -134,7 +134,8 @@ Status launch_wg(const LinearAttnParams& p, int64_t inner, float* partial, const
 }
 // The wgmma forward. Without normalize it runs kernels compiled without the normalizer, whose
 // registers and branches would otherwise cost the unnormalized steps (H200: 249.5 -> 255.7 us at
-// B4-T8192-H16-D128 when the normalizer's z split came in).
+// B4-T8192-H16-D128 when the normalizer's z split came in). The forward kernels rely on
+// WithNormalizer == p.normalize: they choose their normalizer's products at compile time.
 template <class T, bool WithNormalizer>
 Status launch_wg_forward(const LinearAttnParams& p, int64_t K, float* partial, const TcFeatures& feat) {
   if (wgmma_pair<TcRole::kForward>(p))
