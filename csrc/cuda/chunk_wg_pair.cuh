@@ -39,6 +39,8 @@ struct WgPairLayout {
   // sums and of a . z (wgmma_sums.cuh; 1 KiB-aligned like every tile), then z in fp32 (fp16's a . z).
   static constexpr int dd = 0, z = stages * chunk;
   static constexpr int ones = 0, zsplit = 256, z_fp32 = 768, floats = z_fp32 + z_floats;
+  static_assert((stages * stage + 2 * KT * kWgTileBytes + 4 * ones) % 1024 == 0 && (4 * zsplit) % 1024 == 0,
+                "the forward's operand tiles start on swizzle atoms");
   // two stages, S_hi and S_lo [dim tile], the floats: 195.5 KiB, one block per SM
   static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + floats * 4;
   static constexpr int64_t partial_floats = WgLayout<128>::partial_floats;  // S [128][64], then z
@@ -94,7 +96,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   auto state_dim = [&](int i) { return 64 * w + wg_acc_row(t, i); };
   const int earlier = split.state_only ? 0 : seg;  // partials of the segments before this one
 
-  // ---- initial state: S in registers, z in shared memory ---------------------------------------
+  // ---- initial state: S in registers; z beside it (the forward) or in shared memory ------------
   {
     const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
 #pragma unroll
@@ -113,8 +115,8 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     return x;
   };
   if constexpr (kFwdNorm) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) Z[i] = z_initial(64 * w + wg_acc_row(t, i));
+    Z[0] = Z[1] = z_initial(64 * w + wg_acc_row(t, 0));  // registers 0, 1: row r0; 2, 3: row r0 + 8
+    Z[2] = Z[3] = z_initial(64 * w + wg_acc_row(t, 2));
     wg_fill_ones<T>(ones, tid, L::threads);
   } else if (z_width > 0 && normalizes<WithNormalizer>(p) && tid < z_width) {
     z[tid] = z_initial(tid);

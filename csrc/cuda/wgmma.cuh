@@ -1,5 +1,5 @@
-// Warpgroup MMA building blocks (sm_90a): m64n64k16 products with fp32 accumulators and bf16 or
-// fp16 operands, A from shared memory or registers, B from shared memory, on 64 x 64 tiles of
+// Warpgroup MMA building blocks (sm_90a): m64n64k16 products (and m64n8k16 for the normalizer's
+// sums) with fp32 accumulators and bf16 or fp16 operands, A from shared memory or registers, B from shared memory, on 64 x 64 tiles of
 // 128-byte rows stored with the 128-byte swizzle on a 1024-byte boundary. One descriptor form
 // serves every operand; K-major vs M/N-major is the transpose flag, and the step per k16 slice is
 // 32 bytes along a row (K-major) or 2048 bytes = 16 rows (M/N-major). Verified on the H200 by

@@ -1,8 +1,9 @@
-// The normalizer's sums of the wgmma sweeps (chunk_wg.cuh) on the tensor cores, as mma.sync
+// The normalizer's sums of the wgmma sweeps on the tensor cores. chunk_wg.cuh's, as mma.sync
 // m16n8k16 products over swizzled 64 x 64 tiles (wgmma.cuh): warp w of the warpgroup handles rows
 // (or columns) [16 w, 16 w + 16) of each tile. A float vector enters a product as a [16 x 8] operand
 // whose column 0 holds its 16-bit high part and column 1 the low part (~16 mantissa bits), so the
-// sum of result columns 0 and 1 is the product with the fp32 vector.
+// sum of result columns 0 and 1 is the product with the fp32 vector. The 128-token forward's
+// (chunk_wg_pair.cuh) run as m64n8k16 warpgroup MMAs inside its product groups (the end of this file).
 #pragma once
 
 #include "mma.cuh"

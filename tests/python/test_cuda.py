@@ -11,7 +11,7 @@ import torch
 from cases import Case, make_inputs, run
 from conftest import HAS_CUDA
 from numerics import relative_rms
-from test_numerics import check_all, compute_all
+from test_numerics import baselines_and_reference, check_all, compute_all
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 
@@ -299,6 +299,7 @@ PAIR_FORWARD_CASES = [
     Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),  # two-pass, GQA
     Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False),  # two-pass, no z
     Case(2, 190, 2, 128, fp16, feature_map="relu"),
+    Case(1, 5000, 4, 128, fp16, Hkv=2, initial_state=True, final_state=True),  # fp16's z in fp32, two-pass
 ]
 
 
@@ -308,6 +309,24 @@ def test_pair_forward_agrees_with_the_64_token_forward(ar, tmp_path):
     _assert_runs_agree(PAIR_FORWARD_CASES, pair, single)
     for case, a, b in zip(PAIR_FORWARD_CASES, pair, single):
         assert not torch.equal(a["o"], b["o"]), f"{case.id}: the 128-token forward did not run"
+
+
+# The 128-token forward at every shape (ATTNRNN_TC_WGMMA=79) against the float64 reference, by the rules
+# (docs/design.md §4): its normalizer sums z on the tensor cores into the running accumulator, so a
+# long sequence (one pass, and two with a segment split) checks that z and the outputs keep their
+# accuracy; fp16 keeps a . z in fp32.
+PAIR_FORWARD_RULE_CASES = [
+    Case(1, 16384, 2, 128, bf16, initial_state=True, final_state=True),
+    Case(4, 2000, 2, 128, fp16, Hkv=1, final_state=True),
+]
+
+
+def test_pair_forward_meets_rules_on_long_sequences(ar, ref, tmp_path):
+    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_FORWARD_RULE_CASES", ATTNRNN_TC_WGMMA="79")
+    for case, ours in zip(PAIR_FORWARD_RULE_CASES, pair):
+        inp = make_inputs(case, "cuda")
+        base, ref64 = baselines_and_reference(ref, case, inp)
+        check_all({name: x.cuda() for name, x in ours.items()}, base, ref64, case.dtype)
 
 
 # dq at V = 128 on 128-token chunks and two warpgroups (bit 4 of ATTNRNN_TC_WGMMA, with bit 6 at every

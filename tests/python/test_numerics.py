@@ -42,11 +42,16 @@ def check_all(ours, bases, ref, dtype):
                               name=name, t_dim=t_dim)
 
 
+def baselines_and_reference(ref, case, inp):
+    """The same PyTorch math in the case dtype (each baseline form) and the float64 reference."""
+    base = [run(f, case, inp, dtype=case.dtype) for f in baseline_forms(ref, case.dtype)]
+    return base, run(ref.parallel_linear_attn, case, inp, dtype=torch.float64)
+
+
 def compute_all(ar, ref, op, case, device, **extra):
     inp = make_inputs(case, device)
     ours = run(_api(ar, op), case, inp, **extra)
-    ref64 = run(ref.parallel_linear_attn, case, inp, dtype=torch.float64)
-    base = [run(f, case, inp, dtype=case.dtype) for f in baseline_forms(ref, case.dtype)]
+    base, ref64 = baselines_and_reference(ref, case, inp)
     return ours, base, ref64
 
 
