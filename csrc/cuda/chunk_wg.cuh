@@ -125,10 +125,12 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     wg_load_tiles<T>(dst, src, head, width, s.t0, s.cl, tid);
   };
   // The backward's per-token weights of a step, loaded before its tiles are waited for: w of the rows
-  // this thread copies (it scales its own pieces of the dout tile) and, for dq, dd of its two
-  // accumulator rows; dk's dd (one per score column) comes with the tiles into shared memory.
+  // this thread copies (dk and dv scale their pieces of the dout tile with them), and dq's w and dd of
+  // its two accumulator rows: dq keeps dout as loaded (its state moves with V and K alone), so w
+  // scales its output rows in the epilogue and dd enters the scores as dd / w. dk's dd (one per score
+  // column) comes with the tiles into shared memory.
   struct Weights {
-    float w[C / 16], dd[2];
+    float w[C / 16], dd[2], wr[2];
   };
   auto weights_of = [&](const Step& s) {
     Weights wt{};
@@ -136,11 +138,11 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
       auto weight = [&](const float* ws, int r, float otherwise) {
         return normalizes<WithNormalizer>(p) && r < s.cl ? ws[token_index(p, seq, s.t0 + r, s.h)] : otherwise;
       };
-#pragma unroll
-      for (int j = 0; j < C / 16; ++j) wt.w[j] = weight(ws_w, tid / 8 + 16 * j, scale);
       if constexpr (kDq) {
-        wt.dd[0] = weight(ws_dd, wg_acc_row(tid, 0), 0.f);
-        wt.dd[1] = weight(ws_dd, wg_acc_row(tid, 0) + 8, 0.f);
+        dq_row_weights(weight, ws_w, ws_dd, wg_acc_row(tid, 0), scale, wt.wr, wt.dd);
+      } else {
+#pragma unroll
+        for (int j = 0; j < C / 16; ++j) wt.w[j] = weight(ws_w, tid / 8 + 16 * j, scale);
       }
     }
     return wt;
@@ -160,7 +162,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
       cp_async4(fl + L::dd + (i % NS) * C + tid, ws_dd + (valid ? token_index(p, seq, s.t0 + tid, s.h) : 0), valid);
     }
   };
-  // dout rows times w, in place
+  // dk's and dv's dout rows times w, in place
   auto scale_dout = [&](unsigned char* tile, int width, const Step& s, const Weights& wt) {
     wg_scale_rows<T>(tile, width, s.cl, wt.w, tid);
   };
@@ -190,9 +192,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     unsigned char* Ct = Bt + KT * kWgTileBytes;
     unsigned char* Vt = Ct + kWgTileBytes;  // the fused sweep's fourth tile
     const float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd of the step's tokens
-    if constexpr (kDq) {
-      if (!split.state_only) scale_dout(At, DI, s, wt);
-    } else if constexpr (kDk) {
+    if constexpr (kDk) {
       scale_dout(Bt, DI, s, wt);
     } else if constexpr (Info::dv_like) {
       scale_dout(Ct, D, s, wt);
@@ -311,6 +311,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
       auto epilogue = [&]() {
         if (Info::group_sum && !s.last) return;
         float inv[2] = {1.f, 1.f};
+        if constexpr (kDq) inv[0] = wt.wr[0], inv[1] = wt.wr[1];
         if constexpr (kFwd) {
           inv[0] = inv[1] = scale;
           if (normalizes<WithNormalizer>(p)) {

@@ -141,10 +141,11 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
                     c_src = source(tc_view(p, feat, Info::c), c0);
   auto head_of = [&](TcSrc src, const Step& s) { return per_query_head(src) ? s.h : g; };
   // The backward's per-token weights of a step, loaded before its tiles are waited for: w of the rows
-  // this thread copies (it scales its own pieces of the dout tile) and, for dq, dd of its two
-  // accumulator rows; dk's dd (one per score column) comes with the tiles into shared memory.
+  // this thread copies (dk and dv scale their pieces of the dout tile), dq's w and dd / w of its two
+  // accumulator rows (as in chunk_wg.cuh: dq's dout stays as loaded); dk's dd (one per score column)
+  // comes with the tiles into shared memory.
   struct Weights {
-    float w[4], dd[2];
+    float w[4], dd[2], wr[2];
   };
   auto weights_of = [&](const Step& s) {
     Weights wt{};
@@ -152,11 +153,11 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       auto weight = [&](const float* ws, int r, float otherwise) {
         return normalizes<WithNormalizer>(p) && r < s.cl ? ws[token_index(p, seq, s.t0 + r, s.h)] : otherwise;
       };
+      if constexpr (kDq) {
+        dq_row_weights(weight, ws_w, ws_dd, 64 * w + wg_acc_row(t, 0), scale, wt.wr, wt.dd);
+      } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wt.w[j] = weight(ws_w, tid / 8 + 32 * j, scale);
-      if (kDq) {
-        wt.dd[0] = weight(ws_dd, 64 * w + wg_acc_row(t, 0), 0.f);
-        wt.dd[1] = weight(ws_dd, 64 * w + wg_acc_row(t, 0) + 8, 0.f);
+        for (int j = 0; j < 4; ++j) wt.w[j] = weight(ws_w, tid / 8 + 32 * j, scale);
       }
     }
     return wt;
@@ -313,7 +314,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       } else {
         const float one[2] = {1.f, 1.f};
         [[maybe_unused]] const bool phi_used = p.feature_map != FeatureMap::kIdentity;  // dq, dk times phi'
-        if constexpr (kDq) write(p.dq, phi_used, p.q, one);
+        if constexpr (kDq) write(p.dq, phi_used, p.q, wt.wr);
         if constexpr (kDk) write(p.dk, phi_used, p.k, one);
         if constexpr (Info::dv_like) write(p.dv, false, p.k, one);
       }
@@ -346,10 +347,8 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     cp_async_wait<NS - 2>();  // this step's tiles
     unsigned char* st = stage(i);
     const float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd of the step's tokens
-    // dout rows times w, in place: this thread's own pieces, which the wait made visible to it
-    if constexpr (kDq) {
-      if (!split.state_only) wg_scale_pair_rows<T>(st + L::a, DI, s.cl, wt.w, tid);
-    } else if constexpr (kDk) {
+    // dk's and dv's dout rows times w, in place: this thread's own pieces, which the wait made visible
+    if constexpr (kDk) {
       wg_scale_pair_rows<T>(st + L::b, DI, s.cl, wt.w, tid);
     } else if constexpr (Info::dv_like) {
       wg_scale_pair_rows<T>(st + L::c, D, s.cl, wt.w, tid);

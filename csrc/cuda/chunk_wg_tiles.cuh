@@ -127,6 +127,19 @@ __device__ __forceinline__ void wg_scale_piece(unsigned char* piece, float w) {
   *x = v;
 }
 
+// dq's weights of its accumulator rows r0 and r0 + 8, from weight(ws, row, otherwise) (a step's
+// per-token value): w, and dd / w, 0 where w is 0 (scale = 0: the rows' gradient is 0 then).
+template <class Weight>
+__device__ __forceinline__ void dq_row_weights(Weight&& weight, const float* ws_w, const float* ws_dd, int r0,
+                                               float scale, float (&w)[2], float (&dd_over_w)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    w[r] = weight(ws_w, r0 + 8 * r, scale);
+    const float dd = weight(ws_dd, r0 + 8 * r, 0.f);
+    dd_over_w[r] = w[r] != 0.f ? dd / w[r] : 0.f;
+  }
+}
+
 // wg_scale_rows for wg_load_pair_tiles' rows (w[j] for row tid / 8 + 32 j, 256 threads).
 template <class T>
 __device__ __forceinline__ void wg_scale_pair_rows(unsigned char* tile, int width, int cl, const float (&w)[4], int tid) {

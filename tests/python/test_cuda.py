@@ -39,6 +39,18 @@ def test_tensor_core_path_meets_rules(ar, ref, case):
     check_all(ours, base, ref64, case.dtype)
 
 
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "unnorm"])
+def test_zero_scale_gives_zero_outputs_and_gradients_on_the_tensor_cores(ar, normalize):
+    """scale = 0 makes w = 0: dq scales its rows by w in the epilogue and takes dd as dd / w."""
+    case = Case(2, 200, 2, 128, bf16, normalize=normalize)
+    inp = make_inputs(case, "cuda")
+    q, k, v = (inp[name].detach().requires_grad_() for name in ("q", "k", "v"))
+    o, _ = ar.chunk_linear_attn(q, k, v, scale=0.0, normalize=normalize, feature_map="elu1")
+    o.backward(inp["do"])
+    for name, x in (("o", o), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+        assert torch.equal(x, torch.zeros_like(x)), name
+
+
 # The forward's saved denominators (chunk_fwd save_den, which autograd asks for) against a float64
 # oracle, and the backward reading them against the backward's own den sweep (den=None). The
 # generic-path case (K 48, V 40) saves them too, and its backward ignores them.
