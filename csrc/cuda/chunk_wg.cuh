@@ -15,6 +15,10 @@
 //   dv       dv = sum_h O
 //   dk + dv  (kGradKV, DI = 64) the dv sweep, plus V as a fourth tile: dk's P' = mask(V dout^T) and
 //            O' = V S^T_hi + V S^T_lo + P' Q (the state tiles read transposed), so one state serves both
+// w enters where it costs least: dv scales its dout tile (Cv) in shared memory; dk at DI = 128 moves w
+// from dout (B, DI columns) to phi(q) (Cv, 64 columns), so P takes dd_s / w_s and dz sums dd_t / w_t
+// times w_t phi(q_t); dq keeps dout as loaded (its state moves with V and K alone): its scores take
+// dd_t / w_t, and w_t scales its output rows at the end.
 // dk and dv sum over the query heads of a group: A S enters once per chunk (A is the kv head's), the
 // state moves with every head. The segment split (TcSplit) works as in chunk_tc_kernel with this
 // kernel's tiles and partial size (WgLayout); the workspace is sized for whichever sweep runs.
@@ -38,6 +42,9 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   using L = WgLayoutOf<R, DI>;
   constexpr bool kFwd = R == TcRole::kForward, kDq = R == TcRole::kGradQ, kDk = R == TcRole::kGradK;
   constexpr bool kDkv = R == TcRole::kGradKV;  // kDk below is the separate dk sweep only
+  // dk at DI = 128 scales phi(q) (64 columns) by w instead of dout (DI columns); at DI = 64 the two
+  // are as wide, and the old way spills less (fp16: 16 B against 56)
+  constexpr bool kDkScalesCv = kDk && DI > 64;
   constexpr int C = kTcChunk, D = 64, NS = L::stages, KT = L::KT;
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
@@ -157,12 +164,14 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     load_tiles(st + KT * kWgTileBytes, b_src, head_of(Info::b, s), DI, s);
     load_tiles(st + 2 * KT * kWgTileBytes, c_src, head_of(Info::c, s), D, s);
     if (kDkv && !split.state_only) load_tiles(st + 3 * kWgTileBytes, v_src, g, D, s);
-    if ((kDk || kDkv) && normalizes<WithNormalizer>(p) && tid < C) {
+    if (kDkScalesCv && normalizes<WithNormalizer>(p))
+      wg_load_row_dd<C / 16>(fl + L::dd + (i % NS) * C, ws_dd, 16, s.cl, tid, p, seq, s.t0, s.h);
+    if (((kDk && !kDkScalesCv) || kDkv) && normalizes<WithNormalizer>(p) && tid < C) {
       const bool valid = tid < s.cl;
       cp_async4(fl + L::dd + (i % NS) * C + tid, ws_dd + (valid ? token_index(p, seq, s.t0 + tid, s.h) : 0), valid);
     }
   };
-  // dk's and dv's dout rows times w, in place
+  // rows times w, in place: dv's dout; dk's phi(q) (wg_dd_over_w) or, at DI = 64, dout
   auto scale_dout = [&](unsigned char* tile, int width, const Step& s, const Weights& wt) {
     wg_scale_rows<T>(tile, width, s.cl, wt.w, tid);
   };
@@ -191,8 +200,11 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     unsigned char* Bt = At + KT * kWgTileBytes;
     unsigned char* Ct = Bt + KT * kWgTileBytes;
     unsigned char* Vt = Ct + kWgTileBytes;  // the fused sweep's fourth tile
-    const float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd of the step's tokens
-    if constexpr (kDk) {
+    float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd (/ w when it scales phi(q)) of the step's tokens
+    if constexpr (kDkScalesCv) {
+      scale_dout(Ct, D, s, wt);
+      if (normalizes<WithNormalizer>(p)) wg_dd_over_w(dd_cols, wt.w, 16, tid);
+    } else if constexpr (kDk) {
       scale_dout(Bt, DI, s, wt);
     } else if constexpr (Info::dv_like) {
       scale_dout(Ct, D, s, wt);

@@ -171,10 +171,8 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     if (!split.state_only) wg_load_pair_tiles<T>(st + L::a, a_src, head_of(Info::a, s), DI, s.t0, s.cl, tid);
     wg_load_pair_tiles<T>(st + L::b, b_src, head_of(Info::b, s), DI, s.t0, s.cl, tid);
     wg_load_pair_tiles<T>(st + L::c, c_src, head_of(Info::c, s), D, s.t0, s.cl, tid);
-    if (kDk && normalizes<WithNormalizer>(p) && tid < C) {
-      const bool valid = tid < s.cl;
-      cp_async4(fl + L::dd + (i % NS) * C + tid, ws_dd + (valid ? token_index(p, seq, s.t0 + tid, s.h) : 0), valid);
-    }
+    if (kDk && normalizes<WithNormalizer>(p))
+      wg_load_row_dd<4>(fl + L::dd + (i % NS) * C, ws_dd, 32, s.cl, tid, p, seq, s.t0, s.h);
   };
   // k16 slice j of the 128 dims: tile j / 4, 32 bytes (along rows) or 2048 bytes (down rows) per slice
   auto along = [](int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); };
@@ -346,10 +344,12 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     const Weights wt = weights_of(s);
     cp_async_wait<NS - 2>();  // this step's tiles
     unsigned char* st = stage(i);
-    const float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd of the step's tokens
-    // dk's and dv's dout rows times w, in place: this thread's own pieces, which the wait made visible
+    const float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd / w of the step's tokens
+    // rows times w, in place (dv's dout, dk's phi(q) with dd / w): this thread's own pieces, which the
+    // wait made visible
     if constexpr (kDk) {
-      wg_scale_pair_rows<T>(st + L::b, DI, s.cl, wt.w, tid);
+      wg_scale_pair_rows<T>(st + L::c, D, s.cl, wt.w, tid);
+      if (normalizes<WithNormalizer>(p)) wg_dd_over_w(fl + L::dd + (i % NS) * C, wt.w, 32, tid);
     } else if constexpr (Info::dv_like) {
       wg_scale_pair_rows<T>(st + L::c, D, s.cl, wt.w, tid);
     }

@@ -140,6 +140,31 @@ __device__ __forceinline__ void dq_row_weights(Weight&& weight, const float* ws_
   }
 }
 
+// dk's weights: its dout stays as loaded and Cv = phi(q) takes w (64 columns instead of K's), so
+// the scores take dd / w per column. The copy rows' owners (tid % 8 == 0: rows tid / 8 + rows_apart j)
+// load dd of their rows (wg_load_row_dd) and divide it in place after their wait (wg_dd_over_w; 0
+// where w is 0, as where dd is).
+template <int J>
+__device__ __forceinline__ void wg_load_row_dd(float* dd, const float* ws_dd, int rows_apart, int cl, int tid,
+                                               const LinearAttnParams& p, const Seq& seq, int64_t t0, int64_t h) {
+  if (tid % 8 != 0) return;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int r = tid / 8 + rows_apart * j;
+    const bool valid = r < cl;
+    cp_async4(dd + r, ws_dd + (valid ? token_index(p, seq, t0 + r, h) : 0), valid);
+  }
+}
+template <int J>
+__device__ __forceinline__ void wg_dd_over_w(float* dd, const float (&w)[J], int rows_apart, int tid) {
+  if (tid % 8 != 0) return;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    float& x = dd[tid / 8 + rows_apart * j];
+    x = w[j] != 0.f ? x / w[j] : 0.f;
+  }
+}
+
 // wg_scale_rows for wg_load_pair_tiles' rows (w[j] for row tid / 8 + 32 j, 256 threads).
 template <class T>
 __device__ __forceinline__ void wg_scale_pair_rows(unsigned char* tile, int width, int cl, const float (&w)[4], int tid) {
