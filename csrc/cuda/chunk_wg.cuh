@@ -146,7 +146,8 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         return normalizes<WithNormalizer>(p) && r < s.cl ? ws[token_index(p, seq, s.t0 + r, s.h)] : otherwise;
       };
       if constexpr (kDq) {
-        dq_row_weights(weight, ws_w, ws_dd, wg_acc_row(tid, 0), scale, wt.wr, wt.dd);
+        if (!split.state_only)  // pass 1 of a split only moves dq's state (V, phi(k))
+          dq_row_weights(weight, ws_w, ws_dd, wg_acc_row(tid, 0), scale, wt.wr, wt.dd);
       } else {
 #pragma unroll
         for (int j = 0; j < C / 16; ++j) wt.w[j] = weight(ws_w, tid / 8 + 16 * j, scale);

@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
         }
         write(p.o, false, p.q, inv);
       } else {
-        const float one[2] = {1.f, 1.f};
+        [[maybe_unused]] const float one[2] = {1.f, 1.f};  // dk's and dv's rows
         [[maybe_unused]] const bool phi_used = p.feature_map != FeatureMap::kIdentity;  // dq, dk times phi'
         if constexpr (kDq) write(p.dq, phi_used, p.q, wt.wr);
         if constexpr (kDk) write(p.dk, phi_used, p.k, one);
