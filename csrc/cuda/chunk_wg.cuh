@@ -42,9 +42,10 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   using L = WgLayoutOf<R, DI>;
   constexpr bool kFwd = R == TcRole::kForward, kDq = R == TcRole::kGradQ, kDk = R == TcRole::kGradK;
   constexpr bool kDkv = R == TcRole::kGradKV;  // kDk below is the separate dk sweep only
-  // dk at DI = 128 scales phi(q) (64 columns) by w instead of dout (DI columns); at DI = 64 the two
-  // are as wide, and the old way spills less (fp16: 16 B against 56)
-  constexpr bool kDkScalesCv = kDk && DI > 64;
+  // dk at DI = 128 scales phi(q) (64 columns) by w instead of dout (DI columns), in bf16: at DI = 64
+  // the two are as wide (and the old way spills less: fp16 16 B against 56), and fp16's w phi(q)
+  // would be subnormal where dz sums it (its column sums weigh dd in fp32 instead)
+  constexpr bool kDkScalesCv = kDk && DI > 64 && std::is_same_v<T, __nv_bfloat16>;
   constexpr int C = kTcChunk, D = 64, NS = L::stages, KT = L::KT;
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
@@ -132,10 +133,10 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     wg_load_tiles<T>(dst, src, head, width, s.t0, s.cl, tid);
   };
   // The backward's per-token weights of a step, loaded before its tiles are waited for: w of the rows
-  // this thread copies (dk and dv scale their pieces of the dout tile with them), and dq's w and dd of
-  // its two accumulator rows: dq keeps dout as loaded (its state moves with V and K alone), so w
-  // scales its output rows in the epilogue and dd enters the scores as dd / w. dk's dd (one per score
-  // column) comes with the tiles into shared memory.
+  // this thread copies (dv scales its pieces of the dout tile with them, dk those of dout or of
+  // phi(q): kDkScalesCv), and dq's w and dd of its two accumulator rows: dq keeps dout as loaded (its
+  // state moves with V and K alone), so w scales its output rows in the epilogue and dd enters the
+  // scores as dd / w. dk's dd (one per score column) comes with the tiles into shared memory.
   struct Weights {
     float w[C / 16], dd[2], wr[2];
   };
@@ -146,7 +147,8 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         return normalizes<WithNormalizer>(p) && r < s.cl ? ws[token_index(p, seq, s.t0 + r, s.h)] : otherwise;
       };
       if constexpr (kDq) {
-        dq_row_weights(weight, ws_w, ws_dd, wg_acc_row(tid, 0), scale, wt.wr, wt.dd);
+        if (!split.state_only)  // pass 1 of a split only moves dq's state (V, phi(k))
+          dq_row_weights(weight, ws_w, ws_dd, wg_acc_row(tid, 0), scale, wt.wr, wt.dd);
       } else {
 #pragma unroll
         for (int j = 0; j < C / 16; ++j) wt.w[j] = weight(ws_w, tid / 8 + 16 * j, scale);
@@ -171,8 +173,8 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
       cp_async4(fl + L::dd + (i % NS) * C + tid, ws_dd + (valid ? token_index(p, seq, s.t0 + tid, s.h) : 0), valid);
     }
   };
-  // rows times w, in place: dv's dout; dk's phi(q) (wg_dd_over_w) or, at DI = 64, dout
-  auto scale_dout = [&](unsigned char* tile, int width, const Step& s, const Weights& wt) {
+  // rows times w, in place: dv's dout; dk's phi(q) (kDkScalesCv, with wg_dd_over_w) or dout
+  auto scale_rows = [&](unsigned char* tile, int width, const Step& s, const Weights& wt) {
     wg_scale_rows<T>(tile, width, s.cl, wt.w, tid);
   };
 
@@ -202,12 +204,12 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     unsigned char* Vt = Ct + kWgTileBytes;  // the fused sweep's fourth tile
     float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd (/ w when it scales phi(q)) of the step's tokens
     if constexpr (kDkScalesCv) {
-      scale_dout(Ct, D, s, wt);
+      scale_rows(Ct, D, s, wt);
       if (normalizes<WithNormalizer>(p)) wg_dd_over_w(dd_cols, wt.w, 16, tid);
     } else if constexpr (kDk) {
-      scale_dout(Bt, DI, s, wt);
+      scale_rows(Bt, DI, s, wt);
     } else if constexpr (Info::dv_like) {
-      scale_dout(Ct, D, s, wt);
+      scale_rows(Ct, D, s, wt);
     }
     wg_fence_shared();  // cp.async and st.shared writes before the products read them
     // Every warp has its tiles, the last step's state tiles and z, and is done with the last step's

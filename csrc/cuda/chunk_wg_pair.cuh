@@ -34,9 +34,10 @@ struct WgPairLayout {
   static constexpr int a = 0, b = RB * KT * kWgTileBytes, c = 2 * RB * KT * kWgTileBytes;
   static constexpr int stage = c + RB * kWgTileBytes;
   static constexpr int z_floats = 64 * KT;
-  // floats after the state tiles: dk's dd [stages][128], then dq's / dk's z on the output columns. The
-  // forward has there a tile of ones [8][64] and z's split tile [8][128], the B operands of its column
-  // sums and of a . z (wgmma_sums.cuh; 1 KiB-aligned like every tile), then z in fp32 (fp16's a . z).
+  // floats after the state tiles: dk's dd (or dd / w) [stages][128], then dq's / dk's z on the output
+  // columns. The forward has there a tile of ones [8][64] and z's split tile [8][128], the B operands
+  // of its column sums and of a . z (wgmma_sums.cuh; 1 KiB-aligned like every tile), then z in fp32
+  // (fp16's a . z).
   static constexpr int dd = 0, z = stages * chunk;
   static constexpr int ones = 0, zsplit = 256, z_fp32 = 768, floats = z_fp32 + z_floats;
   static_assert((stages * stage + 2 * KT * kWgTileBytes + 4 * ones) % 1024 == 0 && (4 * zsplit) % 1024 == 0,
@@ -55,6 +56,8 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   using L = WgPairLayout;
   using Info = TcRoleInfo<R>;
   constexpr bool kFwd = R == TcRole::kForward, kDq = R == TcRole::kGradQ, kDk = R == TcRole::kGradK;
+  // dk scales phi(q) (64 columns) by w instead of dout (128), in bf16 (chunk_wg.cuh's kDkScalesCv)
+  constexpr bool kDkScalesCv = kDk && std::is_same_v<T, __nv_bfloat16>;
   constexpr int C = L::chunk, D = 64, DI = 64 * L::KT, NS = L::stages, KT = L::KT;
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
@@ -141,9 +144,9 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
                     c_src = source(tc_view(p, feat, Info::c), c0);
   auto head_of = [&](TcSrc src, const Step& s) { return per_query_head(src) ? s.h : g; };
   // The backward's per-token weights of a step, loaded before its tiles are waited for: w of the rows
-  // this thread copies (dk and dv scale their pieces of the dout tile), dq's w and dd / w of its two
-  // accumulator rows (as in chunk_wg.cuh: dq's dout stays as loaded); dk's dd (one per score column)
-  // comes with the tiles into shared memory.
+  // this thread copies (dv scales its pieces of the dout tile, dk those of dout or phi(q)), dq's w and
+  // dd / w of its two accumulator rows (as in chunk_wg.cuh: dq's dout stays as loaded); dk's dd (one
+  // per score column) comes with the tiles into shared memory.
   struct Weights {
     float w[4], dd[2], wr[2];
   };
@@ -171,8 +174,12 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     if (!split.state_only) wg_load_pair_tiles<T>(st + L::a, a_src, head_of(Info::a, s), DI, s.t0, s.cl, tid);
     wg_load_pair_tiles<T>(st + L::b, b_src, head_of(Info::b, s), DI, s.t0, s.cl, tid);
     wg_load_pair_tiles<T>(st + L::c, c_src, head_of(Info::c, s), D, s.t0, s.cl, tid);
-    if (kDk && normalizes<WithNormalizer>(p))
+    if (kDkScalesCv && normalizes<WithNormalizer>(p))
       wg_load_row_dd<4>(fl + L::dd + (i % NS) * C, ws_dd, 32, s.cl, tid, p, seq, s.t0, s.h);
+    if (kDk && !kDkScalesCv && normalizes<WithNormalizer>(p) && tid < C) {
+      const bool valid = tid < s.cl;
+      cp_async4(fl + L::dd + (i % NS) * C + tid, ws_dd + (valid ? token_index(p, seq, s.t0 + tid, s.h) : 0), valid);
+    }
   };
   // k16 slice j of the 128 dims: tile j / 4, 32 bytes (along rows) or 2048 bytes (down rows) per slice
   auto along = [](int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); };
@@ -310,7 +317,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
         }
         write(p.o, false, p.q, inv);
       } else {
-        const float one[2] = {1.f, 1.f};
+        [[maybe_unused]] const float one[2] = {1.f, 1.f};  // dk's and dv's rows
         [[maybe_unused]] const bool phi_used = p.feature_map != FeatureMap::kIdentity;  // dq, dk times phi'
         if constexpr (kDq) write(p.dq, phi_used, p.q, wt.wr);
         if constexpr (kDk) write(p.dk, phi_used, p.k, one);
@@ -344,12 +351,14 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     const Weights wt = weights_of(s);
     cp_async_wait<NS - 2>();  // this step's tiles
     unsigned char* st = stage(i);
-    const float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd / w of the step's tokens
-    // rows times w, in place (dv's dout, dk's phi(q) with dd / w): this thread's own pieces, which the
-    // wait made visible
-    if constexpr (kDk) {
+    float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd (/ w when it scales phi(q)) of the step's tokens
+    // rows times w, in place (dv's dout, dk's phi(q) with dd / w or its dout): this thread's own
+    // pieces, which the wait made visible
+    if constexpr (kDkScalesCv) {
       wg_scale_pair_rows<T>(st + L::c, D, s.cl, wt.w, tid);
-      if (normalizes<WithNormalizer>(p)) wg_dd_over_w(fl + L::dd + (i % NS) * C, wt.w, 32, tid);
+      if (normalizes<WithNormalizer>(p)) wg_dd_over_w(dd_cols, wt.w, 32, tid);
+    } else if constexpr (kDk) {
+      wg_scale_pair_rows<T>(st + L::b, DI, s.cl, wt.w, tid);
     } else if constexpr (Info::dv_like) {
       wg_scale_pair_rows<T>(st + L::c, D, s.cl, wt.w, tid);
     }

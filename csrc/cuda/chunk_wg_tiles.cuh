@@ -1,5 +1,5 @@
 // The wgmma sweep's (chunk_wg.cuh) shared memory and the moves of its tiles: the block's layout,
-// chunk rows into swizzled tiles, dout rows scaled in place, the state published as 16-bit hi / lo
+// chunk rows into swizzled tiles, rows scaled by w in place (with dk's dd / w), the state published as 16-bit hi / lo
 // tiles, and accumulator rows out to global memory. Thread tid of the 128 copies piece tid % 8 (16
 // bytes) of rows tid / 8 + 16 j of each 64-column tile; accumulators are in wgmma.cuh's layout.
 #pragma once
@@ -161,7 +161,7 @@ __device__ __forceinline__ void wg_dd_over_w(float* dd, const float (&w)[J], int
 #pragma unroll
   for (int j = 0; j < J; ++j) {
     float& x = dd[tid / 8 + rows_apart * j];
-    x = w[j] != 0.f ? x / w[j] : 0.f;
+    x = w[j] != 0.f ? __fdividef(x, w[j]) : 0.f;  // rounded to 16 bits in the scores anyway
   }
 }
 
@@ -177,7 +177,7 @@ __device__ __forceinline__ void wg_scale_pair_rows(unsigned char* tile, int widt
   }
 }
 
-// dout rows times w (w[j] for row tid / 8 + 16 j), in place: this thread's own pieces, which its
+// Rows times w (w[j] for row tid / 8 + 16 j), in place: this thread's own pieces, which its
 // cp.async wait has made visible to it.
 template <class T>
 __device__ __forceinline__ void wg_scale_rows(unsigned char* tile, int width, int cl, const float (&w)[kTcChunk / 16],
