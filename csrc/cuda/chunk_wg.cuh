@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     if (update) {
       if (normalizes<WithNormalizer>(p)) {
         if constexpr (kFwd)  // z += colsum phi(k), and its split
-          wg_sum_columns<T, KT, 1>(Bt, 0, nullptr, z, z, kSplitZ ? zs : nullptr, 0, tid);
+          wg_sum_columns<T, KT>(Bt, nullptr, z, kSplitZ ? zs : nullptr, tid);
         if constexpr (kDq) wg_add_column_sums<T, 1>(Ct, nullptr, z, tid);   // z += colsum phi(k), columns
         if constexpr (kDk) wg_add_column_sums<T, 1>(Ct, dd_cols, z, tid);   // dz += sum_t dd_t phi(q_t)
         if constexpr (kDkv) wg_add_column_sums<T, 1>(Bt, dd_cols, z, tid);  // the same: Q is the B tile here

@@ -114,30 +114,20 @@ __device__ __forceinline__ void wg_forward_scale(float (&rowsum)[2], const float
   for (int r = 0; r < 2; ++r) inv[r] = scale / (scale * (qz[r] + rowsum[r]) + eps);
 }
 
-// z_to[m] = z_from[m] + sum_t weight_t X_b[t][m] for the NB row blocks X_b = X + b block_bytes, each
-// block's sum added in turn, over the 64 XT columns of tiles [64 tokens][64 columns] (weight 1 when
-// weight == nullptr); z index dim0 + m. X^T, read transposed, times the weight operand, one product per
-// 16 tokens. Each column has one writer (a lane with lane % 4 == 0; thread m on the fp16 fp32 path).
-// With zs (bf16, weight 1), the writers also split the new values into zs (wg_split_operand).
-template <class T, int XT, int NB>
-__device__ __forceinline__ void wg_sum_columns(const unsigned char* X, int block_bytes, const float* weight,
-                                               const float* z_from, float* z_to, uint32_t* zs, int dim0, int tid) {
+// z[m] += sum_t weight_t X[t][m] over the 64 XT columns of tiles X [64 tokens][64 columns] (weight 1
+// when weight == nullptr): X^T, read transposed, times the weight operand, one product per 16 tokens.
+// Each column has one writer (a lane with lane % 4 == 0; thread m on the fp16 fp32 path). With zs
+// (bf16, weight 1), the writers also split the new values into zs (wg_split_operand).
+template <class T, int XT>
+__device__ __forceinline__ void wg_sum_columns(const unsigned char* X, const float* weight, float* z, uint32_t* zs,
+                                               int tid) {
   if constexpr (std::is_same_v<T, __half>) {
     if (weight != nullptr) {  // fp16 parts of small weights (dd) would be subnormal: fp32 sums instead
       for (int m = tid; m < 64 * XT; m += 128) {
-        float sums[NB];
+        float acc[4] = {};  // four independent sums: a chain of 16 FMAs instead of 64
 #pragma unroll
-        for (int b = 0; b < NB; ++b) {
-          float acc[4] = {};  // four independent sums: a chain of 16 FMAs instead of 64
-#pragma unroll
-          for (int t = 0; t < 64; ++t)
-            acc[t % 4] += weight[64 * b + t] * __half2float(*reinterpret_cast<const __half*>(X + b * block_bytes + wg_at(t, m)));
-          sums[b] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-        }
-        float v = z_from[dim0 + m];
-#pragma unroll
-        for (int b = 0; b < NB; ++b) v += sums[b];
-        z_to[dim0 + m] = v;
+        for (int t = 0; t < 64; ++t) acc[t % 4] += weight[t] * __half2float(*reinterpret_cast<const __half*>(X + wg_at(t, m)));
+        z[m] += (acc[0] + acc[1]) + (acc[2] + acc[3]);
       }
       return;
     }
@@ -145,30 +135,21 @@ __device__ __forceinline__ void wg_sum_columns(const unsigned char* X, int block
   const int lane = tid % 32, m0 = 16 * (tid / 32), mat = lane >> 3;
 #pragma unroll
   for (int h = 0; h < XT; ++h) {
-    const int d0 = 64 * h + m0, d = dim0 + d0 + lane / 4;
-    float c[NB][2][4] = {};  // per block, even and odd token slices: two dependent chains of half the length
+    const int d0 = 64 * h + m0, d = d0 + lane / 4;
+    float c[2][4] = {};  // even and odd token slices: two dependent chains of half the length
 #pragma unroll
-    for (int b = 0; b < NB; ++b) {
-      const float* wb = (b == 0 || weight == nullptr) ? weight : weight + 64 * b;
-#pragma unroll
-      for (int j = 0; j < kWgTileBytes / 128 / 16; ++j) {
-        uint32_t a[4], bw[2];
-        ldsm_x4_trans(a, X + b * block_bytes + wg_at(16 * j + (mat >> 1) * 8 + (lane & 7), d0 + (mat & 1) * 8));
-        wg_vector_operand<T>(wb, 16 * j, lane, bw);
-        mma16816<T>(c[b][j % 2], a, bw[0], bw[1]);
-      }
+    for (int j = 0; j < kWgTileBytes / 128 / 16; ++j) {
+      uint32_t a[4], bw[2];
+      ldsm_x4_trans(a, X + wg_at(16 * j + (mat >> 1) * 8 + (lane & 7), d0 + (mat & 1) * 8));
+      wg_vector_operand<T>(weight, 16 * j, lane, bw);
+      mma16816<T>(c[j % 2], a, bw[0], bw[1]);
     }
     float v[2] = {0.f, 0.f};
     if (lane % 4 == 0) {
-      v[0] = z_from[d];
-      v[1] = z_from[d + 8];
-#pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        v[0] += (c[b][0][0] + c[b][0][1]) + (c[b][1][0] + c[b][1][1]);
-        v[1] += (c[b][0][2] + c[b][0][3]) + (c[b][1][2] + c[b][1][3]);
-      }
-      z_to[d] = v[0];
-      z_to[d + 8] = v[1];
+      v[0] = z[d] + ((c[0][0] + c[0][1]) + (c[1][0] + c[1][1]));
+      v[1] = z[d + 8] + ((c[0][2] + c[0][3]) + (c[1][2] + c[1][3]));
+      z[d] = v[0];
+      z[d + 8] = v[1];
     }
     if (zs != nullptr) {  // dims d (even on lanes 0, 8, 16, 24) and d + 1, the next writer's
       const float next[2] = {__shfl_down_sync(0xffffffffu, v[0], 4), __shfl_down_sync(0xffffffffu, v[1], 4)};
@@ -243,10 +224,10 @@ __device__ __forceinline__ void wg_dot_z_products(float (&QZ)[4], const unsigned
   }
 }
 
-// z[m] += sum_t weight_t X[t][m] over the 64 XT columns of tiles X (wg_sum_columns with one block).
+// wg_sum_columns without the split.
 template <class T, int XT>
 __device__ __forceinline__ void wg_add_column_sums(const unsigned char* X, const float* weight, float* z, int tid) {
-  wg_sum_columns<T, XT, 1>(X, 0, weight, z, z, nullptr, 0, tid);
+  wg_sum_columns<T, XT>(X, weight, z, nullptr, tid);
 }
 
 }  // namespace attnrnn::cuda
