@@ -169,10 +169,11 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
     s = p.den_in != nullptr ? launch_dd<T>(p)
                             : launch_tc<T, TcRole::kDen>(p, K, partial, feat, "chunk_linear_attn backward (denominators)");
   if (s != Status::kSuccess) return s;
-  // dq, dk and dv read the same inputs and write disjoint outputs (each its own partials): dk and dv
-  // run on two side streams forked from p.stream and joined back into it, so that at shapes whose
-  // blocks leave SMs idle the sweeps' step chains overlap instead of following each other. At
-  // K = V = 64 one sweep makes both (wgmma_fused_dkv), on the first side stream.
+  // dq, dk and dv read the same inputs and write disjoint outputs (each its own partials). With
+  // ATTNRNN_BWD_CONCURRENT=1 dk and dv run on two side streams forked from p.stream and joined back
+  // into it, so that their step chains overlap dq's; by default the fork reaches no side stream and
+  // they follow dq on p.stream. At K = V = 64 one sweep makes both (wgmma_fused_dkv), on the first
+  // side stream when there is one.
   const BwdPartials r = bwd_partials(p);
   char* base = reinterpret_cast<char*>(partial);
   LinearAttnParams on_side[2] = {p, p};
