@@ -160,7 +160,11 @@ Status launch_dd(const LinearAttnParams& p) {
   return check_launch("chunk_linear_attn backward (denominators from the forward)");
 }
 
-template <class T>
+// The backward's tensor-core sweeps, compiled once per normalize mode as the forward is (without
+// normalize, kernels free of the normalizer's registers and branches). The unnormalized half is
+// instantiated in its own files (instantiations/chunk_bwd_unnorm_*.cu), so that no file compiles the
+// backward's sweeps twice.
+template <class T, bool WithNormalizer>
 Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
   float* partial = partial_ptr(p, true);
@@ -170,10 +174,11 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
     s = p.den_in != nullptr ? launch_dd<T>(p)
                             : launch_tc<T, TcRole::kDen>(p, K, partial, feat, "chunk_linear_attn backward (denominators)");
   if (s != Status::kSuccess) return s;
-  // dq, dk and dv read the same inputs and write disjoint outputs (each its own partials): dk and dv
-  // run on two side streams forked from p.stream and joined back into it, so that at shapes whose
-  // blocks leave SMs idle the sweeps' step chains overlap instead of following each other. At
-  // K = V = 64 one sweep makes both (wgmma_fused_dkv), on the first side stream.
+  // dq, dk and dv read the same inputs and write disjoint outputs (each its own partials). With
+  // ATTNRNN_BWD_CONCURRENT=1 dk and dv run on two side streams forked from p.stream and joined back
+  // into it, so that their step chains overlap dq's; by default the fork reaches no side stream and
+  // they follow dq on p.stream. At K = V = 64 one sweep makes both (wgmma_fused_dkv), on the first
+  // side stream when there is one.
   const BwdPartials r = bwd_partials(p);
   char* base = reinterpret_cast<char*>(partial);
   LinearAttnParams on_side[2] = {p, p};
@@ -188,8 +193,9 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   const bool wg = wgmma_sweeps(p, true, feat);
   auto sweep = [&](auto role, const LinearAttnParams& on, int64_t inner, float* part, const char* what) {
     constexpr TcRole R = decltype(role)::value;
-    if (wg && wgmma_pair<R>(on)) return launch_wg_pair<T, R>(on, part, feat, what);
-    return wg ? launch_wg<T, R>(on, inner, part, feat, what) : launch_tc<T, R>(on, inner, part, feat, what);
+    if (wg && wgmma_pair<R>(on)) return launch_wg_pair<T, R, WithNormalizer>(on, part, feat, what);
+    return wg ? launch_wg<T, R, WithNormalizer>(on, inner, part, feat, what)
+              : launch_tc<T, R>(on, inner, part, feat, what);
   };
   using GradQ = std::integral_constant<TcRole, TcRole::kGradQ>;
   using GradK = std::integral_constant<TcRole, TcRole::kGradK>;
@@ -197,7 +203,8 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   if (s == Status::kSuccess) s = sweep(GradQ{}, p, V, partial, "chunk_linear_attn backward (dq)");
   if (wg && wgmma_fused_dkv(p)) {  // dk and dv from one state: one sweep in the dk region
     if (s == Status::kSuccess)
-      s = launch_wg_role<T, TcRole::kGradKV, 64>(on_side[0], dk_partial, feat, "chunk_linear_attn backward (dk, dv)");
+      s = launch_wg_role<T, TcRole::kGradKV, 64, WithNormalizer>(on_side[0], dk_partial, feat,
+                                                                 "chunk_linear_attn backward (dk, dv)");
   } else {
     if (s == Status::kSuccess) s = sweep(GradK{}, on_side[0], V, dk_partial, "chunk_linear_attn backward (dk)");
     if (s == Status::kSuccess) s = sweep(GradV{}, on_side[1], K, dv_partial, "chunk_linear_attn backward (dv)");
@@ -205,6 +212,9 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   const Status joined = join_sweeps(p.stream, fork);  // always: a capture must not end with a fork open
   return s != Status::kSuccess ? s : joined;
 }
+
+extern template Status launch_chunk_bwd_tc<__nv_bfloat16, false>(const LinearAttnParams&);
+extern template Status launch_chunk_bwd_tc<__half, false>(const LinearAttnParams&);
 
 template <class T>
 Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
@@ -246,7 +256,8 @@ Status launch_chunk_bwd(const LinearAttnParams& p, bool recurrent) {
     return fail(Status::kInvalidArgument, "workspace must hold linear_attn_workspace_bytes() bytes");
   if (N == 0) return Status::kSuccess;
   if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
-    if (tensor_core_backward(p, recurrent)) return launch_chunk_bwd_tc<T>(p);
+    if (tensor_core_backward(p, recurrent))
+      return p.normalize ? launch_chunk_bwd_tc<T, true>(p) : launch_chunk_bwd_tc<T, false>(p);
   }
   const int BK = static_cast<int>(K < 32 ? K : 32), BV = static_cast<int>(V < 64 ? V : 64);
   const int64_t limit = max_dynamic_smem(), a = sizeof(A);
