@@ -30,6 +30,8 @@ TENSOR_CORE_CASES = [
     Case(1, 3000, 1, 64, fp16, V=128, feature_map="relu"),
     # phi(q), phi(k) precomputed into the workspace: varlen rows and GQA heads
     Case(1, 333, 4, 128, bf16, Hkv=2, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
+    # fp16 without normalize (the sweeps compiled without the normalizer), GQA, K != V
+    Case(2, 300, 2, 128, fp16, Hkv=1, V=64, normalize=False, initial_state=True, final_state=True),
 ]
 
 
@@ -373,6 +375,7 @@ PAIR_DK_DV_CASES = [
     Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),  # two-pass, GQA
     Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False),  # two-pass, no dz
     Case(2, 190, 2, 128, fp16, feature_map="relu"),
+    Case(2, 190, 2, 128, fp16, feature_map="relu", normalize=False),
     Case(1, 333, 4, 128, bf16, Hkv=2, seqlens=(0, 64, 1, 200, 68)),  # no states: dd columns weigh in dk
 ]
 
