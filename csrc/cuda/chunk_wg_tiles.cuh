@@ -228,18 +228,26 @@ __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&a
   T* const o0 = row<T>(out, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0);
   T* const orow[2] = {o0, o0 + 8 * out.stride_t};
   const T* const raw0 = dphi_of ? row<T>(raw, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0) : nullptr;
+  // One loop per case: a branch on dphi_of inside it cost every element a test and a reconvergence
+  // point, with the identity map too.
+  auto write = [&](auto with_dphi) {
 #pragma unroll
-  for (int e = 0; e < 32; e += 2) {
-    const int half = (e >> 1) & 1;
-    if (r0 + 8 * half >= cl) continue;
-    float x0 = acc[e] * inv[half], x1 = acc[e + 1] * inv[half];
-    if (dphi_of) {
-      const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(raw0 + 8 * half * raw.stride_t + 8 * (e >> 2)));
-      x0 *= dphi(fm, q2.x);
-      x1 *= dphi(fm, q2.y);
+    for (int e = 0; e < 32; e += 2) {
+      const int half = (e >> 1) & 1;
+      if (r0 + 8 * half >= cl) continue;
+      float x0 = acc[e] * inv[half], x1 = acc[e + 1] * inv[half];
+      if constexpr (decltype(with_dphi)::value) {
+        const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(raw0 + 8 * half * raw.stride_t + 8 * (e >> 2)));
+        x0 *= dphi(fm, q2.x);
+        x1 *= dphi(fm, q2.y);
+      }
+      *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = pack2<T>(x0, x1);
     }
-    *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = pack2<T>(x0, x1);
-  }
+  };
+  if (dphi_of)
+    write(std::true_type{});
+  else
+    write(std::false_type{});
 }
 
 }  // namespace attnrnn::cuda
