@@ -10,9 +10,9 @@ namespace attnrnn::cuda {
 enum class TcRole : int { kForward, kDen, kGradQ, kGradK, kGradV, kGradKV };
 enum class TcSrc : int { kQ, kK, kV, kDout, kNone };
 
-// normalize as a wgmma kernel sees it: false in the forward compiled without the normalizer
-// (WithNormalizer, launch.cuh's launch_wg_forward); read from p at each use, since as one register it
-// would stay live through the steps.
+// normalize as a wgmma kernel sees it: false in the sweeps compiled without the normalizer
+// (WithNormalizer: launch.cuh's launch_wg_forward and launch_chunk_bwd_tc); read from p at each use,
+// since as one register it would stay live through the steps.
 template <bool WithNormalizer>
 __device__ __forceinline__ bool normalizes(const LinearAttnParams& p) {
   return WithNormalizer && p.normalize;

@@ -162,17 +162,19 @@ Status launch_dd(const LinearAttnParams& p) {
 
 // The backward's tensor-core sweeps, compiled once per normalize mode as the forward is (without
 // normalize, kernels free of the normalizer's registers and branches). The unnormalized half is
-// instantiated in its own files (instantiations/chunk_bwd_unnorm_*.cu), so that no file compiles the
-// backward's sweeps twice.
+// instantiated in its own files (instantiations/chunk_bwd_unnorm_*.cu), so that the two sets of
+// wgmma sweeps build in parallel rather than in one file.
 template <class T, bool WithNormalizer>
 Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
   float* partial = partial_ptr(p, true);
   TcFeatures feat;
   Status s = compute_features<T>(p, true, feat);
-  if (s == Status::kSuccess && p.normalize)
-    s = p.den_in != nullptr ? launch_dd<T>(p)
-                            : launch_tc<T, TcRole::kDen>(p, K, partial, feat, "chunk_linear_attn backward (denominators)");
+  if constexpr (WithNormalizer) {
+    if (s == Status::kSuccess && p.normalize)
+      s = p.den_in != nullptr ? launch_dd<T>(p)
+                              : launch_tc<T, TcRole::kDen>(p, K, partial, feat, "chunk_linear_attn backward (denominators)");
+  }
   if (s != Status::kSuccess) return s;
   // dq, dk and dv read the same inputs and write disjoint outputs (each its own partials). With
   // ATTNRNN_BWD_CONCURRENT=1 dk and dv run on two side streams forked from p.stream and joined back
