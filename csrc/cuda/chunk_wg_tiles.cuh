@@ -4,6 +4,8 @@
 // bytes) of rows tid / 8 + 16 j of each 64-column tile; accumulators are in wgmma.cuh's layout.
 #pragma once
 
+#include <type_traits>
+
 #include "chunk_tc_plan.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
