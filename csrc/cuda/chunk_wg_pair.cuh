@@ -137,9 +137,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   using Walk = WgSteps::Walk;
   auto step_of = [&](const Walk& wk) { return walk.at<Info::reverse>(wk); };
   auto advance = [&](Walk& wk) { walk.advance(wk); };
-  auto source = [&](const ConstView& v, int col0) {
-    return WgSource<T>{static_cast<const T*>(v.data) + seq.b * v.stride_b + col0 + (tid % 8) * 8, v.stride_t, v.stride_h};
-  };
+  auto source = [&](const ConstView& v, int col0) { return wg_source<T>(v, seq, col0, tid); };
   const WgSource<T> a_src = source(tc_view(p, feat, Info::a), 0), b_src = source(tc_view(p, feat, Info::b), 0),
                     c_src = source(tc_view(p, feat, Info::c), c0);
   auto head_of = [&](TcSrc src, const Step& s) { return per_query_head(src) ? s.h : g; };

@@ -78,6 +78,11 @@ struct WgSource {
   const T* base;
   int64_t stride_t, stride_h;
 };
+// The source of view v's columns col0 + [0, 64) in sequence seq (128 threads to a row's 8 pieces).
+template <class T>
+__device__ __forceinline__ WgSource<T> wg_source(const ConstView& v, const Seq& seq, int col0, int tid) {
+  return WgSource<T>{static_cast<const T*>(v.data) + seq.b * v.stride_b + col0 + (tid % 8) * 8, v.stride_t, v.stride_h};
+}
 
 // `width` columns of a chunk's rows (from token t0, cl of them valid) into 64-column tiles at dst;
 // rows past the chunk's end arrive as zeros.
