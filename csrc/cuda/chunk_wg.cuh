@@ -32,7 +32,7 @@
 
 namespace attnrnn::cuda {
 
-template <class T, TcRole R, int DI, bool WithNormalizer = true>
+template <class T, TcRole R, int DI, bool WithNormalizer>
 __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     chunk_wg_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -48,7 +48,7 @@ struct WgPairLayout {
   static_assert(smem_bytes + 1024 <= 228 * 1024, "one block must fit on an SM");
 };
 
-template <class T, TcRole R, bool WithNormalizer = true>
+template <class T, TcRole R, bool WithNormalizer>
 __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     chunk_wg_pair_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

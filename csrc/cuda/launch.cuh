@@ -117,17 +117,17 @@ Status compute_features(const LinearAttnParams& p, bool backward, TcFeatures& fe
   return Status::kSuccess;
 }
 
-template <class T, TcRole R, int DI, bool WithNormalizer = true>
+template <class T, TcRole R, int DI, bool WithNormalizer>
 Status launch_wg_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
   return launch_sweep(chunk_wg_kernel<T, R, DI, WithNormalizer>, WgLayoutOf<R, DI>::smem_bytes, p, partial, wg_segments<R, DI>(p),
                       wg_tiles<R>(p), feat, what);
 }
-template <class T, TcRole R, bool WithNormalizer = true>
+template <class T, TcRole R, bool WithNormalizer>
 Status launch_wg_pair(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
   return launch_sweep(chunk_wg_pair_kernel<T, R, WithNormalizer>, WgPairLayout::smem_bytes, p, partial, wg_pair_segments<R>(p),
                       wg_tiles<R>(p), feat, what, WgPairLayout::threads, WgPairLayout::chunk);
 }
-template <class T, TcRole R, bool WithNormalizer = true>
+template <class T, TcRole R, bool WithNormalizer>
 Status launch_wg(const LinearAttnParams& p, int64_t inner, float* partial, const TcFeatures& feat, const char* what) {
   return inner == 64 ? launch_wg_role<T, R, 64, WithNormalizer>(p, partial, feat, what)
                      : launch_wg_role<T, R, 128, WithNormalizer>(p, partial, feat, what);
