@@ -24,29 +24,10 @@
 #pragma once
 
 #include "chunk_tc_plan.cuh"
+#include "chunk_tc_steps.cuh"
 #include "mma.cuh"
 
 namespace attnrnn::cuda {
-
-// phi(x) of a [B, T, H, K] view into a contiguous copy, 8 elements per thread and step (K % 8 == 0,
-// rows 16-byte aligned: the tensor-core path's requirements). Rounding as in the sweep's own
-// transform: phi in fp32 of the input element, rounded to nearest.
-template <class T>
-__global__ void feature_map_kernel(const ConstView in, int64_t B, int64_t Tn, int64_t H, int64_t K,
-                                   FeatureMap fm, T* out) {
-  const int64_t pieces = K / 8, total = B * Tn * H * pieces;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += gridDim.x * int64_t(blockDim.x)) {
-    const int64_t r = i / pieces, h = r % H, t = (r / H) % Tn, b = r / H / Tn;
-    uint4 x = *reinterpret_cast<const uint4*>(row<T>(in, b, t, h) + (i % pieces) * 8);
-    uint32_t* u = reinterpret_cast<uint32_t*>(&x);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = unpack2<T>(u[j]);
-      u[j] = pack2<T>(phi(fm, f.x), phi(fm, f.y));
-    }
-    reinterpret_cast<uint4*>(out)[i] = x;
-  }
-}
 
 template <class T, TcRole R, int DI>
 __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
@@ -182,29 +163,6 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
     }
   };
 
-  // phi on q/k tiles and the row weights w on dout tiles, in place (rows past the chunk stay 0).
-  auto transform = [&](T* tile, int ld, TcSrc src, int width, const Step& s, const float* w) {
-    const bool fm = (src == TcSrc::kQ || src == TcSrc::kK) && p.feature_map != FeatureMap::kIdentity &&
-                    feat.q.data == nullptr;
-    if (!fm && src != TcSrc::kDout) return false;
-    const int pieces = width / 8;
-    for (int i = tid; i < C * pieces; i += kTcThreads) {
-      const int t = i / pieces, e = (i % pieces) * 8;
-      if (t >= s.cl) continue;
-      uint4 x = *reinterpret_cast<uint4*>(tile + t * ld + e);
-      uint32_t* u = reinterpret_cast<uint32_t*>(&x);
-      const float wt = src == TcSrc::kDout ? (p.normalize ? w[t] : scale) : 1.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float2 f = unpack2<T>(u[j]);
-        f = fm ? make_float2(phi(p.feature_map, f.x), phi(p.feature_map, f.y)) : make_float2(f.x * wt, f.y * wt);
-        u[j] = pack2<T>(f.x, f.y);
-      }
-      *reinterpret_cast<uint4*>(tile + t * ld + e) = x;
-    }
-    return true;
-  };
-
   // den_t = s (A_t . z + rowsum P_t) + eps for the lane's row r (its 4 lanes split the dot product).
   auto denominator = [&](const T* As, float rowsum, int r) {
     const T* arow = As + (r0 + gr + 8 * r) * L::LI;
@@ -235,9 +193,10 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
     T* Cs = st + (i % NS) * L::stage + L::C;
     const float* w_s = fl + (i % NS) * L::f_stage + L::w;
     const float* dd_s = fl + (i % NS) * L::f_stage + L::dd;
-    bool changed = !split.state_only && transform(As, L::LI, Info::a, DI, s, w_s);
-    changed |= transform(Bs, L::LI, Info::b, DI, s, w_s);
-    if constexpr (Info::c != TcSrc::kNone) changed |= transform(Cs, L::LC, Info::c, NC, s, w_s);
+    bool changed = !split.state_only && tc_transform_tile<T, C>(As, L::LI, Info::a, DI, s.cl, w_s, p, feat, scale, tid);
+    changed |= tc_transform_tile<T, C>(Bs, L::LI, Info::b, DI, s.cl, w_s, p, feat, scale, tid);
+    if constexpr (Info::c != TcSrc::kNone)
+      changed |= tc_transform_tile<T, C>(Cs, L::LC, Info::c, NC, s.cl, w_s, p, feat, scale, tid);
     if (changed) __syncthreads();
 
     // ---- outputs of the step (pass 1 of a split scan only moves the state) ------------------------
@@ -288,30 +247,9 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
 
       if constexpr (R == TcRole::kDen) {
         // ---- w_t = s / den_t and dd_t = -s (dout_t . o_t) / den_t of the lane's two rows ------------
-        {
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float den = denominator(As, rowsum[r], r);
-            const int t = r0 + gr + 8 * r;
-            float dot = 0.f;
-            if (t < s.cl) {
-              const T* d_row = row<T>(p.dout, seq.b, s.t0 + t, s.h);
-              const T* o_row = row<T>(p.out, seq.b, s.t0 + t, s.h);
-              for (int v = t2; v < V; v += 8) {
-                const float2 a2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(d_row + v));
-                const float2 b2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(o_row + v));
-                dot += a2.x * b2.x + a2.y * b2.y;
-              }
-            }
-            dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-            dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-            if (t < s.cl && (lane & 3) == 0) {
-              const int64_t idx = token_index(p, seq, s.t0 + t, s.h);
-              ws_w[idx] = scale / den;
-              ws_dd[idx] = -scale * dot / den;
-            }
-          }
-        }
+        for (int r = 0; r < 2; ++r)
+          tc_store_w_dd<T>(p, seq, s.t0, s.h, r0 + gr + 8 * r, s.cl, denominator(As, rowsum[r], r), scale, ws_w, ws_dd, lane);
       } else {
         if (!Info::group_sum || s.first) {
 #pragma unroll
@@ -427,24 +365,7 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
     }
     __syncthreads();  // every warp is done reading Sh/Sl and z of this step
     if (update) {
-      if (p.normalize) {
-        if constexpr (R == TcRole::kForward || R == TcRole::kDen) {
-          for (int d = tid; d < DI; d += kTcThreads) {
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int t = 0; t < C; ++t) acc[t & 3] += static_cast<float>(Bs[t * L::LI + d]);
-            z[d] += (acc[0] + acc[1]) + (acc[2] + acc[3]);
-          }
-        } else if constexpr (R == TcRole::kGradQ || R == TcRole::kGradK) {
-          for (int c = tid; c < NC; c += kTcThreads) {
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int t = 0; t < C; ++t)
-              acc[t & 3] += (R == TcRole::kGradK ? dd_s[t] : 1.f) * static_cast<float>(Cs[t * L::LC + c]);
-            z[c] += (acc[0] + acc[1]) + (acc[2] + acc[3]);
-          }
-        }
-      }
+      if (p.normalize) tc_add_column_sums<T, R, DI>(z, Bs, Cs, dd_s, tid);
       if constexpr (Info::has_state) {
         if (!split.state_only) publish_state();
       }

@@ -24,6 +24,10 @@ SWEEP = [
          seqlens=(1, 0, 63, 0, 71, 65)),
     Case(2, 65, 4, 32, fp32, Hkv=2, noncontig=True, initial_state=True, final_state=True),
     Case(1, 63, 2, 16, fp16, feature_map="relu", normalize=False, noncontig=True),
+    # varlen without the normalizer (the tensor-core sweeps compiled without it on CUDA)
+    Case(1, 300, 4, 128, bf16, Hkv=2, feature_map="relu", normalize=False, initial_state=True, final_state=True,
+         seqlens=(0, 1, 130, 64, 105)),
+    Case(1, 190, 2, 64, fp16, feature_map=None, normalize=False, final_state=True, seqlens=(65, 0, 125)),
 ]
 OPS = ["chunk", "recurrent"]
 
