@@ -412,7 +412,7 @@ SHAPE_RULE = _shape_rule_cases() if torch.cuda.is_available() else []
 SHAPE_RULE_CASES = [case for case, _ in SHAPE_RULE]
 
 
-def test_default_mask_pairs_the_sweeps_only_where_the_64_token_grid_leaves_sms_half_empty(ar, tmp_path):
+def test_default_mask_picks_the_sweeps_of_the_shape_rule(ar, tmp_path):
     runs = {mask: _sweeps_in_subprocess(tmp_path / f"mask{mask}.pt", "SHAPE_RULE_CASES", ATTNRNN_TC_WGMMA=mask)
             for mask in ("63", "127", "79", "7")}
     for i, (case, forced) in enumerate(SHAPE_RULE):
