@@ -395,8 +395,8 @@ def test_pair_dk_dv_sweeps_agree_with_the_64_token_sweeps(ar, tmp_path):
 
 # The default mask pairs a sweep where the 64-token sweep's blocks would leave SMs with one
 # warpgroup (one wave, no segment split), and keeps the 64-token sweeps where two of their blocks
-# share an SM (a split at few blocks, or more blocks than SMs); the normalize forward pairs in a
-# split too. Each case with the mask that forces what the default should pick: 127 every sweep
+# share an SM (a split at few blocks, or more blocks than SMs); the bf16 normalize forward pairs in
+# a split too. Each case with the mask that forces what the default should pick: 127 every sweep
 # paired, 79 the forward alone (the backward's results depend on the forward's o and w), 7 none.
 def _shape_rule_cases():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -404,6 +404,7 @@ def _shape_rule_cases():
         (Case(sms // 8, 130, 4, 128, bf16, initial_state=True, final_state=True), "127"),  # sms // 8 * 8 blocks
         (Case(1, 5000, 2, 128, bf16, initial_state=True, final_state=True), "79"),  # 4 blocks: a split
         (Case(1, 5000, 2, 128, bf16, normalize=False, initial_state=True, final_state=True), "7"),
+        (Case(1, 5000, 2, 128, fp16, initial_state=True, final_state=True), "7"),  # fp16 keeps the rule
         (Case(sms, 70, 4, 128, bf16), "7"),  # 8 blocks per SM
     ]
 
