@@ -224,8 +224,8 @@ Status chunk_bwd(const LinearAttnParams& p) {
     std::vector<A> ends(start.empty() ? 0 : units * block, A(0));
 
     // Runs body(us, members) for every lockstep group on the executor: the group's segments us,
-    // each with its Work on a slice of one state buffer, set up by init(u, member). The chunks of a
-    // group: [chunk_begin of its segments, chunks_of(us, members)).
+    // each with its Work on a slice of one state buffer, set up by init(u, member). The segments of
+    // a group share their chunks [chunk_begin, chunk_end).
     auto over_groups = [&](auto&& init, auto&& body) {
       parallel_for(p.executor, static_cast<int64_t>(groups.size()), 1, [&](int64_t begin, int64_t end) {
         BwdScratch<A> w(d, C);
@@ -244,17 +244,13 @@ Status chunk_bwd(const LinearAttnParams& p) {
         }
       });
     };
-    const auto chunks_of = [&](const std::vector<int64_t>& us, const std::vector<Work<T>>& members) {
-      return std::min((members[0].seq.len + C - 1) / C, plan[us[0]].chunk_end);
-    };
 
     // Pass 1 of every segment; segment u's share of the state gradient goes to ends[u - 1]. The
     // segments of a group (same sequence and chunks, several kv heads) advance chunk by chunk
     // together so that their rows, adjacent in memory, are read together.
     over_groups([&](int64_t u, Work<T>& m) { load_segment_start(p, d, plan, start, u, m.S, m.z); },
                 [&](const std::vector<int64_t>& us, std::vector<Work<T>>& members) {
-                  const int64_t last = chunks_of(us, members);
-                  for (int64_t c = plan[us[0]].chunk_begin; c < last; ++c)
+                  for (int64_t c = plan[us[0]].chunk_begin; c < plan[us[0]].chunk_end; ++c)
                     for (size_t j = 0; j < us.size(); ++j) {
                       const int64_t u = us[j];
                       members[j].forward_chunk(c, ends.empty() || plan[u].first ? nullptr : &ends[(u - 1) * block]);
@@ -286,7 +282,7 @@ Status chunk_bwd(const LinearAttnParams& p) {
           }
         },
         [&](const std::vector<int64_t>& us, std::vector<Work<T>>& members) {
-          for (int64_t c = chunks_of(us, members) - 1; c >= plan[us[0]].chunk_begin; --c)
+          for (int64_t c = plan[us[0]].chunk_end - 1; c >= plan[us[0]].chunk_begin; --c)
             for (Work<T>& m : members) m.reverse_chunk(c);
           for (size_t j = 0; j < us.size(); ++j)
             if (plan[us[j]].first) {
