@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
       wg_hold(O);
       if constexpr (kDkv) wg_hold(O2);
       if constexpr (kDq || kDk || kDkv) {
-        if (normalizes<WithNormalizer>(p) && fresh_output) {  // O += dd_t z (dq) or dz (dk) on the output columns
+        if (normalizes<WithNormalizer>(p) && fresh_output) {  // O += (dd_t / w_t) z (dq) or dz (dk), output columns
           float(&dz_target)[32] = kDkv ? O2 : O;
 #pragma unroll
           for (int e = 0; e < 32; ++e) dz_target[e] += (kDq ? wt.dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(tid, e)];
