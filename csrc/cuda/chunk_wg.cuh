@@ -42,10 +42,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   using L = WgLayoutOf<R, DI>;
   constexpr bool kFwd = R == TcRole::kForward, kDq = R == TcRole::kGradQ, kDk = R == TcRole::kGradK;
   constexpr bool kDkv = R == TcRole::kGradKV;  // kDk below is the separate dk sweep only
-  // dk at DI = 128 scales phi(q) (64 columns) by w instead of dout (DI columns), in bf16: at DI = 64
-  // the two are as wide (and the old way spills less: fp16 16 B against 56), and fp16's w phi(q)
-  // would be subnormal where dz sums it (its column sums weigh dd in fp32 instead)
-  constexpr bool kDkScalesCv = kDk && DI > 64 && std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kDkScalesCv = wg_dk_scales_cv<T, R, DI>;  // dk weighs phi(q), not dout
   constexpr int C = kTcChunk, D = 64, NS = L::stages, KT = L::KT;
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it

@@ -57,8 +57,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   using L = WgPairLayout;
   using Info = TcRoleInfo<R>;
   constexpr bool kFwd = R == TcRole::kForward, kDq = R == TcRole::kGradQ, kDk = R == TcRole::kGradK;
-  // dk scales phi(q) (64 columns) by w instead of dout (128), in bf16 (chunk_wg.cuh's kDkScalesCv)
-  constexpr bool kDkScalesCv = kDk && std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kDkScalesCv = wg_dk_scales_cv<T, R, 64 * L::KT>;  // dk weighs phi(q), not dout
   constexpr int C = L::chunk, D = 64, DI = 64 * L::KT, NS = L::stages, KT = L::KT;
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
