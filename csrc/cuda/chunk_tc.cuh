@@ -193,10 +193,10 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
     T* Cs = st + (i % NS) * L::stage + L::C;
     const float* w_s = fl + (i % NS) * L::f_stage + L::w;
     const float* dd_s = fl + (i % NS) * L::f_stage + L::dd;
-    bool changed = !split.state_only && tc_transform_tile<T, C>(As, L::LI, Info::a, DI, s.cl, w_s, p, feat, scale, tid);
-    changed |= tc_transform_tile<T, C>(Bs, L::LI, Info::b, DI, s.cl, w_s, p, feat, scale, tid);
+    bool changed = !split.state_only && tc_transform_tile<T>(As, L::LI, Info::a, DI, s.cl, w_s, p, feat, scale, tid);
+    changed |= tc_transform_tile<T>(Bs, L::LI, Info::b, DI, s.cl, w_s, p, feat, scale, tid);
     if constexpr (Info::c != TcSrc::kNone)
-      changed |= tc_transform_tile<T, C>(Cs, L::LC, Info::c, NC, s.cl, w_s, p, feat, scale, tid);
+      changed |= tc_transform_tile<T>(Cs, L::LC, Info::c, NC, s.cl, w_s, p, feat, scale, tid);
     if (changed) __syncthreads();
 
     // ---- outputs of the step (pass 1 of a split scan only moves the state) ------------------------

@@ -31,7 +31,7 @@ __global__ void feature_map_kernel(const ConstView in, int64_t B, int64_t Tn, in
 
 // phi on q/k tiles and the row weights w on dout tiles, in place (rows past the chunk's cl stay 0).
 // Returns whether the tile changed (the caller then needs a barrier before reading it).
-template <class T, int C>
+template <class T>
 __device__ __forceinline__ bool tc_transform_tile(T* tile, int ld, TcSrc src, int width, int cl, const float* w,
                                                   const LinearAttnParams& p, const TcFeatures& feat, float scale,
                                                   int tid) {
@@ -39,7 +39,7 @@ __device__ __forceinline__ bool tc_transform_tile(T* tile, int ld, TcSrc src, in
                   feat.q.data == nullptr;
   if (!fm && src != TcSrc::kDout) return false;
   const int pieces = width / 8;
-  for (int i = tid; i < C * pieces; i += kTcThreads) {
+  for (int i = tid; i < kTcChunk * pieces; i += kTcThreads) {
     const int t = i / pieces, e = (i % pieces) * 8;
     if (t >= cl) continue;
     uint4 x = *reinterpret_cast<uint4*>(tile + t * ld + e);

@@ -42,10 +42,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   using L = WgLayoutOf<R, DI>;
   constexpr bool kFwd = R == TcRole::kForward, kDq = R == TcRole::kGradQ, kDk = R == TcRole::kGradK;
   constexpr bool kDkv = R == TcRole::kGradKV;  // kDk below is the separate dk sweep only
-  // dk at DI = 128 scales phi(q) (64 columns) by w instead of dout (DI columns), in bf16: at DI = 64
-  // the two are as wide (and the old way spills less: fp16 16 B against 56), and fp16's w phi(q)
-  // would be subnormal where dz sums it (its column sums weigh dd in fp32 instead)
-  constexpr bool kDkScalesCv = kDk && DI > 64 && std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kDkScalesCv = wg_dk_scales_cv<T, R, DI>;  // dk weighs phi(q), not dout
   constexpr int C = kTcChunk, D = 64, NS = L::stages, KT = L::KT;
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
@@ -281,7 +278,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
       wg_hold(O);
       if constexpr (kDkv) wg_hold(O2);
       if constexpr (kDq || kDk || kDkv) {
-        if (normalizes<WithNormalizer>(p) && fresh_output) {  // O += dd_t z (dq) or dz (dk) on the output columns
+        if (normalizes<WithNormalizer>(p) && fresh_output) {  // O += (dd_t / w_t) z (dq) or dz (dk), output columns
           float(&dz_target)[32] = kDkv ? O2 : O;
 #pragma unroll
           for (int e = 0; e < 32; ++e) dz_target[e] += (kDq ? wt.dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(tid, e)];

@@ -39,7 +39,8 @@ struct WgPairLayout {
   // of its column sums and of a . z (wgmma_sums.cuh; 1 KiB-aligned like every tile), then z in fp32
   // (fp16's a . z).
   static constexpr int dd = 0, z = stages * chunk;
-  static constexpr int ones = 0, zsplit = 256, z_fp32 = 768, floats = z_fp32 + z_floats;
+  static constexpr int ones = 0, zsplit = ones + 256, z_fp32 = zsplit + KT * 256, floats = z_fp32 + z_floats;
+  static_assert(z + 64 <= floats, "dq's / dk's z on the 64 output columns fits after dd");
   static_assert((stages * stage + 2 * KT * kWgTileBytes + 4 * ones) % 1024 == 0 && (4 * zsplit) % 1024 == 0,
                 "the forward's operand tiles start on swizzle atoms");
   // two stages, S_hi and S_lo [dim tile], the floats: 195.5 KiB, one block per SM
@@ -56,8 +57,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   using L = WgPairLayout;
   using Info = TcRoleInfo<R>;
   constexpr bool kFwd = R == TcRole::kForward, kDq = R == TcRole::kGradQ, kDk = R == TcRole::kGradK;
-  // dk scales phi(q) (64 columns) by w instead of dout (128), in bf16 (chunk_wg.cuh's kDkScalesCv)
-  constexpr bool kDkScalesCv = kDk && std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kDkScalesCv = wg_dk_scales_cv<T, R, 64 * L::KT>;  // dk weighs phi(q), not dout
   constexpr int C = L::chunk, D = 64, DI = 64 * L::KT, NS = L::stages, KT = L::KT;
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       S[0][i] = x;
     }
   }
-  constexpr int z_width = kFwd ? DI : (kDq || kDk) ? D : 0;
+  constexpr int z_width = (kDq || kDk) ? D : 0;  // the forward keeps its z in Z (kFwdNorm)
   auto z_initial = [&](int i) {
     const float* z0 = static_cast<const float*>(kDk ? p.d_final_z : p.initial_z);
     float x = (z0 != nullptr && !split.state_only) ? z0[state_row * K + (kFwd ? 0 : c0) + i] : 0.f;
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       qz[1] = QZ[2] + QZ[3];
     }
     if constexpr (kDq || kDk) {
-      if (normalizes<WithNormalizer>(p) && fresh_output) {  // O += dd_t z (dq) or dz (dk) on the output columns
+      if (normalizes<WithNormalizer>(p) && fresh_output) {  // O += (dd_t / w_t) z (dq) or dz (dk), output columns
 #pragma unroll
         for (int e = 0; e < 32; ++e) O[e] += (kDq ? wt.dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(t, e)];
       }

@@ -147,6 +147,13 @@ __device__ __forceinline__ void dq_row_weights(Weight&& weight, const float* ws_
   }
 }
 
+// Whether the dk sweep with inner dim DI scales phi(q) (64 columns) by w instead of dout (DI
+// columns): in bf16 at DI = 128 only. At DI = 64 the two are as wide (and the old way spills less:
+// fp16 16 B against 56), and fp16's w phi(q) would be subnormal where dz sums it (its column sums
+// weigh dd in fp32 instead).
+template <class T, TcRole R, int DI>
+constexpr bool wg_dk_scales_cv = R == TcRole::kGradK && DI > 64 && std::is_same_v<T, __nv_bfloat16>;
+
 // dk's weights: its dout stays as loaded and Cv = phi(q) takes w (64 columns instead of K's), so
 // the scores take dd / w per column. The copy rows' owners (tid % 8 == 0: rows tid / 8 + rows_apart j)
 // load dd of their rows (wg_load_row_dd) and divide it in place after their wait (wg_dd_over_w; 0

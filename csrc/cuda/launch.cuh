@@ -163,7 +163,8 @@ Status launch_dd(const LinearAttnParams& p) {
 // The backward's tensor-core sweeps, compiled once per normalize mode as the forward is (without
 // normalize, kernels free of the normalizer's registers and branches). The unnormalized half is
 // instantiated in its own files (instantiations/chunk_bwd_unnorm_*.cu), so that the two sets of
-// wgmma sweeps build in parallel rather than in one file.
+// wgmma sweeps build in parallel rather than in one file; the mma.sync sweeps they share are
+// instantiated once (ATTNRNN_BWD_TC_SWEEPS below).
 template <class T, bool WithNormalizer>
 Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
@@ -217,6 +218,17 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
 
 extern template Status launch_chunk_bwd_tc<__nv_bfloat16, false>(const LinearAttnParams&);
 extern template Status launch_chunk_bwd_tc<__half, false>(const LinearAttnParams&);
+// The mma.sync sweeps of the backward (no normalizer template) are instantiated once, in
+// chunk_bwd_{bf16,fp16}.cu, for both halves of launch_chunk_bwd_tc.
+#define ATTNRNN_BWD_TC_SWEEPS(PREFIX, T)                                                                        \
+  PREFIX template Status launch_tc<T, TcRole::kGradQ>(const LinearAttnParams&, int64_t, float*, const TcFeatures&, \
+                                                      const char*);                                             \
+  PREFIX template Status launch_tc<T, TcRole::kGradK>(const LinearAttnParams&, int64_t, float*, const TcFeatures&, \
+                                                      const char*);                                             \
+  PREFIX template Status launch_tc<T, TcRole::kGradV>(const LinearAttnParams&, int64_t, float*, const TcFeatures&, \
+                                                      const char*);
+ATTNRNN_BWD_TC_SWEEPS(extern, __nv_bfloat16)
+ATTNRNN_BWD_TC_SWEEPS(extern, __half)
 
 template <class T>
 Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {

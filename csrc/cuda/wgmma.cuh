@@ -118,13 +118,10 @@ __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.s
 // Ties registers to this point, so the compiler cannot move their reads above a wait or their writes
 // below a fence (neither has register operands of its own): after wg_wait_all for the accumulators,
 // before wg_fence for the registers feeding the next products.
-__device__ __forceinline__ void wg_hold(float (&d)[32]) {
+template <int N>
+__device__ __forceinline__ void wg_hold(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void wg_hold(float (&d)[4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 __device__ __forceinline__ void wg_hold(uint32_t (&a)[4][4]) {
 #pragma unroll

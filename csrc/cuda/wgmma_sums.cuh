@@ -3,7 +3,8 @@
 // (or columns) [16 w, 16 w + 16) of each tile. A float vector enters a product as a [16 x 8] operand
 // whose column 0 holds its 16-bit high part and column 1 the low part (~16 mantissa bits), so the
 // sum of result columns 0 and 1 is the product with the fp32 vector. The 128-token forward's
-// (chunk_wg_pair.cuh) run as m64n8k16 warpgroup MMAs inside its product groups (the end of this file).
+// (chunk_wg_pair.cuh) column sums, and in bf16 its a . z, run as m64n8k16 warpgroup MMAs inside its
+// product groups (the end of this file); fp16's a . z stays in fp32 on the CUDA cores.
 #pragma once
 
 #include "mma.cuh"

@@ -223,32 +223,39 @@ Status chunk_bwd(const LinearAttnParams& p) {
     const std::vector<A> start = segment_starts<T>(p, d, C, plan);
     std::vector<A> ends(start.empty() ? 0 : units * block, A(0));
 
+    // Runs body(us, members) for every lockstep group on the executor: the group's segments us,
+    // each with its Work on a slice of one state buffer, set up by init(u, member). The segments of
+    // a group share their chunks [chunk_begin, chunk_end).
+    auto over_groups = [&](auto&& init, auto&& body) {
+      parallel_for(p.executor, static_cast<int64_t>(groups.size()), 1, [&](int64_t begin, int64_t end) {
+        BwdScratch<A> w(d, C);
+        std::vector<A> state;
+        std::vector<Work<T>> members;
+        for (int64_t gi = begin; gi < end; ++gi) {
+          const std::vector<int64_t>& us = groups[gi];
+          const int64_t m = static_cast<int64_t>(us.size());
+          state.assign(m * block, A(0));
+          members.clear();
+          for (int64_t j = 0; j < m; ++j) {
+            members.push_back(work(w, us[j], &state[j * block]));
+            init(us[j], members[j]);
+          }
+          body(us, members);
+        }
+      });
+    };
+
     // Pass 1 of every segment; segment u's share of the state gradient goes to ends[u - 1]. The
     // segments of a group (same sequence and chunks, several kv heads) advance chunk by chunk
     // together so that their rows, adjacent in memory, are read together.
-    parallel_for(p.executor, static_cast<int64_t>(groups.size()), 1, [&](int64_t begin, int64_t end) {
-      BwdScratch<A> w(d, C);
-      std::vector<A> state;
-      std::vector<Work<T>> members;
-      for (int64_t gi = begin; gi < end; ++gi) {
-        const std::vector<int64_t>& us = groups[gi];
-        const int64_t m = static_cast<int64_t>(us.size());
-        state.assign(m * block, A(0));
-        members.clear();
-        for (int64_t j = 0; j < m; ++j) {
-          const int64_t u = us[j];
-          members.push_back(work(w, u, &state[j * block]));
-          load_segment_start(p, d, plan, start, u, members[j].S, members[j].z);
-        }
-        const Segment& sg = plan[us[0]];
-        const int64_t last = std::min((members[0].seq.len + C - 1) / C, sg.chunk_end);
-        for (int64_t c = sg.chunk_begin; c < last; ++c)
-          for (int64_t j = 0; j < m; ++j) {
-            const int64_t u = us[j];
-            members[j].forward_chunk(c, ends.empty() || plan[u].first ? nullptr : &ends[(u - 1) * block]);
-          }
-      }
-    });
+    over_groups([&](int64_t u, Work<T>& m) { load_segment_start(p, d, plan, start, u, m.S, m.z); },
+                [&](const std::vector<int64_t>& us, std::vector<Work<T>>& members) {
+                  for (int64_t c = plan[us[0]].chunk_begin; c < plan[us[0]].chunk_end; ++c)
+                    for (size_t j = 0; j < us.size(); ++j) {
+                      const int64_t u = us[j];
+                      members[j].forward_chunk(c, ends.empty() || plan[u].first ? nullptr : &ends[(u - 1) * block]);
+                    }
+                });
 
     // Suffix sums: dS̃ at the end of segment u = d_final + the shares of the segments after it.
     std::vector<A> fin(block);
@@ -264,37 +271,25 @@ Status chunk_bwd(const LinearAttnParams& p) {
     }
 
     // Pass 2 of every segment from the gradient at its end; the first one writes d_initial.
-    parallel_for(p.executor, static_cast<int64_t>(groups.size()), 1, [&](int64_t begin, int64_t end) {
-      BwdScratch<A> w(d, C);
-      std::vector<A> state;
-      std::vector<Work<T>> members;
-      for (int64_t gi = begin; gi < end; ++gi) {
-        const std::vector<int64_t>& us = groups[gi];
-        const int64_t m = static_cast<int64_t>(us.size());
-        state.assign(m * block, A(0));
-        members.clear();
-        for (int64_t j = 0; j < m; ++j) {
-          const int64_t u = us[j];
+    over_groups(
+        [&](int64_t u, Work<T>& m) {
           const Segment& sg = plan[u];
-          members.push_back(work(w, u, &state[j * block]));
           if (sg.last) {
-            load_state(p.d_final_S, sg.item, KV, members[j].dS);
-            if (p.normalize) load_state(p.d_final_z, sg.item, K, members[j].dz);
+            load_state(p.d_final_S, sg.item, KV, m.dS);
+            if (p.normalize) load_state(p.d_final_z, sg.item, K, m.dz);
           } else {
-            std::copy(&ends[u * block], &ends[(u + 1) * block], members[j].dS);
+            std::copy(&ends[u * block], &ends[(u + 1) * block], m.dS);
           }
-        }
-        const Segment& sg = plan[us[0]];
-        const int64_t last = std::min((members[0].seq.len + C - 1) / C, sg.chunk_end) - 1;
-        for (int64_t c = last; c >= sg.chunk_begin; --c)
-          for (int64_t j = 0; j < m; ++j) members[j].reverse_chunk(c);
-        for (int64_t j = 0; j < m; ++j)
-          if (plan[us[j]].first) {
-            store_state(members[j].dS, plan[us[j]].item, KV, p.d_initial_S);
-            if (p.normalize) store_state(members[j].dz, plan[us[j]].item, K, p.d_initial_z);
-          }
-      }
-    });
+        },
+        [&](const std::vector<int64_t>& us, std::vector<Work<T>>& members) {
+          for (int64_t c = plan[us[0]].chunk_end - 1; c >= plan[us[0]].chunk_begin; --c)
+            for (Work<T>& m : members) m.reverse_chunk(c);
+          for (size_t j = 0; j < us.size(); ++j)
+            if (plan[us[j]].first) {
+              store_state(members[j].dS, plan[us[j]].item, KV, p.d_initial_S);
+              if (p.normalize) store_state(members[j].dz, plan[us[j]].item, K, p.d_initial_z);
+            }
+        });
     return Status::kSuccess;
   });
 }
