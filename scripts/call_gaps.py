@@ -8,7 +8,6 @@ made meanwhile (from torch.profiler's trace).
 import collections
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -17,15 +16,15 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import attnrnn
+from kernel_times import label, shape_name, shapes_of
 
-SHAPES = ["B8-T2048-H16-D64", "B4-T8192-H16-D128", "B1-T65536-H16-D128", "B8-T4096-H32-D64"]
 MIN_GAP_US = 3.0
 
 
 def call_stats(trace_events, calls):
     """Per marked call: its span (first host op to last kernel end), the kernels' busy time, and
-    its idle stretches longer than MIN_GAP_US as (length, kernel before, kernel after, runtime calls
-    that started inside the stretch)."""
+    its idle stretches longer than MIN_GAP_US as (length, kernel before or None at the call's start,
+    kernel after, runtime calls that started inside the stretch)."""
     marks = sorted((e for e in trace_events if e.get("name") == "call" and e.get("cat") == "user_annotation"),
                    key=lambda e: e["ts"])[-calls:]
     kernels = sorted((e for e in trace_events if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")),
@@ -41,7 +40,7 @@ def call_stats(trace_events, calls):
         busy = sum(k["dur"] for k in mine)
         span = mine[-1]["ts"] + mine[-1]["dur"] - start
         gaps = []
-        edge, before = start, "(call start)"
+        edge, before = start, None
         for k in mine:
             if k["ts"] - edge > MIN_GAP_US:
                 host = collections.Counter(r["name"] for r in runtime if edge <= r["ts"] < k["ts"])
@@ -49,10 +48,6 @@ def call_stats(trace_events, calls):
             edge, before = max(edge, k["ts"] + k["dur"]), k["name"]
         out.append(dict(span=span, busy=busy, gaps=gaps))
     return out
-
-
-def short(name):
-    return name.split("(")[0].split("<")[0].removeprefix("void ").split("::")[-1][:32]
 
 
 def measure(B, T, H, D, normalize, calls):
@@ -91,16 +86,11 @@ def measure(B, T, H, D, normalize, calls):
 
 
 def main():
-    shapes = SHAPES
-    if "--shapes" in sys.argv:
-        shapes = sys.argv[sys.argv.index("--shapes") + 1].split(",")
     calls = int(sys.argv[sys.argv.index("--calls") + 1]) if "--calls" in sys.argv else 10
-    for name in shapes:
-        m = re.fullmatch(r"B(\d+)-T(\d+)-H(\d+)-D(\d+)", name)
-        if m is None:
-            sys.exit(f"--shapes: expected names like {SHAPES[0]}, got {name}")
+    for shape in shapes_of(sys.argv):
+        name = shape_name(*shape)
         for normalize in (False, True):
-            median_us, stats = measure(*(int(g) for g in m.groups()), normalize, calls)
+            median_us, stats = measure(*shape, normalize, calls)
             busy = statistics.median(s["busy"] for s in stats)
             span = statistics.median(s["span"] for s in stats)
             print(f"{name} norm={int(normalize)}  call {median_us:7.1f} us (events)  span {span:7.1f} us "
@@ -108,7 +98,7 @@ def main():
             typical = stats[len(stats) // 2]
             for length, before, after, host in sorted(typical["gaps"], reverse=True)[:6]:
                 calls_in = ", ".join(f"{n} x{c}" for n, c in sorted(host.items(), key=lambda x: -x[1])[:4])
-                print(f"    idle {length:6.1f} us  {short(before)} -> {short(after)}  host: {calls_in or '-'}")
+                print(f"    idle {length:6.1f} us  {label(before) if before else '(call start)'} -> {label(after)}  host: {calls_in or '-'}")
 
 
 if __name__ == "__main__":

@@ -35,15 +35,20 @@ def shape_name(B, T, H, D):
     return f"B{B}-T{T}-H{H}-D{D}"
 
 
+def shapes_of(argv):
+    """(B, T, H, D) of --shapes B1-T65536-H16-D128,... in argv, else the training shapes."""
+    if "--shapes" not in argv:
+        return SHAPES
+    wanted = argv[argv.index("--shapes") + 1].split(",")
+    parsed = [re.fullmatch(r"B(\d+)-T(\d+)-H(\d+)-D(\d+)", name) for name in wanted]
+    if not all(parsed):
+        sys.exit(f"--shapes: expected names like {shape_name(*SHAPES[0])}, got {','.join(wanted)}")
+    return [tuple(int(g) for g in m.groups()) for m in parsed]
+
+
 def main():
     backward = "--backward" in sys.argv
-    shapes = SHAPES
-    if "--shapes" in sys.argv:
-        wanted = sys.argv[sys.argv.index("--shapes") + 1].split(",")
-        parsed = [re.fullmatch(r"B(\d+)-T(\d+)-H(\d+)-D(\d+)", name) for name in wanted]
-        if not all(parsed):
-            sys.exit(f"--shapes: expected names like {shape_name(*SHAPES[0])}, got {','.join(wanted)}")
-        shapes = [tuple(int(g) for g in m.groups()) for m in parsed]
+    shapes = shapes_of(sys.argv)
     gen = torch.Generator(device="cpu").manual_seed(0)
     for B, T, H, D in shapes:
         make = lambda: torch.randn(B, T, H, D, generator=gen).to("cuda", torch.bfloat16)

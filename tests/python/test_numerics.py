@@ -78,8 +78,7 @@ def test_backward_with_expanded_upstream_gradient(ar, ref, op, device):
     inp = make_inputs(case, device)
     inp["do"] = torch.ones((), dtype=case.dtype, device=device).expand(2, 70, 2, 32)
     ours = run(_api(ar, op), case, inp)
-    ref64 = run(ref.parallel_linear_attn, case, inp, dtype=torch.float64)
-    base = [run(f, case, inp, dtype=case.dtype) for f in baseline_forms(ref, case.dtype)]
+    base, ref64 = baselines_and_reference(ref, case, inp)
     check_all(ours, base, ref64, case.dtype)
 
 
