@@ -174,8 +174,13 @@ int64_t wg_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
 // 64-token steps), where the 64-token sweep would leave SMs with one warpgroup: its blocks run in
 // one wave without a segment split. Measured (docs/design.md §5): at B3-T16384 and B4-T8192
 // (H16, D128: 96 and 128 blocks) the pair sweeps take 18-24% less time, at 32-64 blocks (split into
-// segments, two blocks per SM) and at 192-512 blocks (two blocks per SM) 6-16% more. Bit 6 of
-// ATTNRNN_TC_WGMMA pairs them at every shape (tests, measurements).
+// segments, two blocks per SM) and at 192-512 blocks (two blocks per SM) 6-16% more. The normalize
+// forward in bf16 pairs in a segment split too: its normalizer costs the 64-token kernel ~145 us at
+// B1-T65536-H16-D128 and the pair's ~60 (m64n8 wgmma), so the pair takes 796 -> 719 us there,
+// 775 -> 708 at B2-T32768-H16 and 835 -> 725 at B1-T131072-H8. The unnormalized forward keeps the
+// rule: paired it took 651 -> 658, 628 -> 652 and 688 -> 659 (two of three slower), and so does fp16,
+// not measured (its pair forward takes a . z in fp32 FMAs, not on wgmma). Bit 6 of ATTNRNN_TC_WGMMA
+// pairs them at every shape (tests, measurements).
 template <TcRole R>
 bool wgmma_pair(const LinearAttnParams& p) {
   static_assert(R != TcRole::kDen && R != TcRole::kGradKV, "the den and fused dk + dv sweeps are not paired");
@@ -183,7 +188,10 @@ bool wgmma_pair(const LinearAttnParams& p) {
   constexpr int bit = fwd ? 8 : R == TcRole::kGradQ ? 16 : 32;
   const int64_t inner = (fwd || TcRoleInfo<R>::dv_like) ? p.head_dim_k : p.head_dim_v;
   if ((wgmma_mask() & bit) == 0 || inner != 128 || p.chunk_size != 0 || !wgmma_planned(p, !fwd)) return false;
-  return (wgmma_mask() & 64) != 0 || (wg_blocks<R>(p) <= sm_count() && wg_segments<R, 128>(p) == 1);
+  if ((wgmma_mask() & 64) != 0) return true;
+  const bool one_wave = wg_blocks<R>(p) <= sm_count();
+  if (fwd && p.normalize && p.dtype == DType::kBFloat16) return one_wave;
+  return one_wave && wg_segments<R, 128>(p) == 1;
 }
 
 // Workspace of the CUDA ops: [2 floats per (token, query head) for the backward][pass-1 partials]

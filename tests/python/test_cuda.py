@@ -395,28 +395,33 @@ def test_pair_dk_dv_sweeps_agree_with_the_64_token_sweeps(ar, tmp_path):
 
 # The default mask pairs a sweep where the 64-token sweep's blocks would leave SMs with one
 # warpgroup (one wave, no segment split), and keeps the 64-token sweeps where two of their blocks
-# share an SM (a split at few blocks, or more blocks than SMs).
+# share an SM (a split at few blocks, or more blocks than SMs); the bf16 normalize forward pairs in
+# a split too. Each case with the mask that forces what the default should pick: 127 every sweep
+# paired, 79 the forward alone (the backward's results depend on the forward's o and w), 7 none.
 def _shape_rule_cases():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     return [
-        Case(sms // 8, 130, 4, 128, bf16, initial_state=True, final_state=True),  # sms // 8 * 8 blocks
-        Case(1, 5000, 2, 128, bf16, initial_state=True, final_state=True),  # 4 blocks: split into segments
-        Case(sms, 70, 4, 128, bf16),  # 8 blocks per SM
+        (Case(sms // 8, 130, 4, 128, bf16, initial_state=True, final_state=True), "127"),  # sms // 8 * 8 blocks
+        (Case(1, 5000, 2, 128, bf16, initial_state=True, final_state=True), "79"),  # 4 blocks: a split
+        (Case(1, 5000, 2, 128, bf16, normalize=False, initial_state=True, final_state=True), "7"),
+        (Case(1, 5000, 2, 128, fp16, initial_state=True, final_state=True), "7"),  # fp16 keeps the rule
+        (Case(sms, 70, 4, 128, bf16), "7"),  # 8 blocks per SM
     ]
 
 
-SHAPE_RULE_CASES = _shape_rule_cases() if torch.cuda.is_available() else []
+SHAPE_RULE = _shape_rule_cases() if torch.cuda.is_available() else []
+SHAPE_RULE_CASES = [case for case, _ in SHAPE_RULE]
 
 
-def test_default_mask_pairs_the_sweeps_only_where_the_64_token_grid_leaves_sms_half_empty(ar, tmp_path):
-    default = _sweeps_in_subprocess(tmp_path / "default.pt", "SHAPE_RULE_CASES", ATTNRNN_TC_WGMMA="63")
-    paired = _sweeps_in_subprocess(tmp_path / "paired.pt", "SHAPE_RULE_CASES", ATTNRNN_TC_WGMMA="127")
-    single = _sweeps_in_subprocess(tmp_path / "single.pt", "SHAPE_RULE_CASES", ATTNRNN_TC_WGMMA="7")
-    for case, d, p, s, want_pair in zip(SHAPE_RULE_CASES, default, paired, single, (True, False, False)):
+def test_default_mask_picks_the_sweeps_of_the_shape_rule(ar, tmp_path):
+    runs = {mask: _sweeps_in_subprocess(tmp_path / f"mask{mask}.pt", "SHAPE_RULE_CASES", ATTNRNN_TC_WGMMA=mask)
+            for mask in ("63", "127", "79", "7")}
+    for i, (case, forced) in enumerate(SHAPE_RULE):
         for name in ("o", "dq", "dk", "dv"):
-            same = p if want_pair else s
-            assert torch.equal(d[name], same[name]), f"{case.id}: {name} should be {'paired' if want_pair else '64-token'}"
-            assert not torch.equal(p[name], s[name]), f"{case.id}: {name}: the two sweeps should differ in rounding"
+            assert torch.equal(runs["63"][i][name], runs[forced][i][name]), f"{case.id}: {name} should be as mask {forced}"
+            assert not torch.equal(runs["127"][i][name], runs["7"][i][name]), \
+                f"{case.id}: {name}: the two sweeps should differ in rounding"
+
 
 def test_forward_backward_under_cuda_graph_replay(ar):
     q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=bf16).requires_grad_() for _ in range(3))
