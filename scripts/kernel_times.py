@@ -1,8 +1,8 @@
 """GPU time of each kernel of chunk_linear_attn's forward (and forward+backward with --backward) at
 the training shapes, from torch.profiler: kernel times without the host's share of a call.
 
-    ATTNRNN_TC_WGMMA=3 PYTHONPATH=python python scripts/kernel_times.py [--backward] [--shapes B1-T65536-H16-D128,...]
-(--shapes takes any B-T-H-D names, not only the training shapes.)
+    ATTNRNN_TC_WGMMA=3 PYTHONPATH=python python scripts/kernel_times.py [--backward] [--shapes B1-T65536-H16-D128,...] [--fp16]
+(--shapes takes any B-T-H-D names, not only the training shapes; --fp16 times float16 inputs instead of bfloat16.)
 (ATTNRNN_TC_WGMMA: 0 the mma.sync scans, 1 the wgmma forward, 3 the wgmma forward and backward,
 7 with dk and dv in one sweep at K = V = 64, 15 also the forward at K = 128, 31 also dq at V = 128
 and 63 (default) also dk and dv at inner dim 128 on 128-token chunks, where the shape rule picks
@@ -49,9 +49,10 @@ def shapes_of(argv):
 def main():
     backward = "--backward" in sys.argv
     shapes = shapes_of(sys.argv)
+    dtype = torch.float16 if "--fp16" in sys.argv else torch.bfloat16
     gen = torch.Generator(device="cpu").manual_seed(0)
     for B, T, H, D in shapes:
-        make = lambda: torch.randn(B, T, H, D, generator=gen).to("cuda", torch.bfloat16)
+        make = lambda: torch.randn(B, T, H, D, generator=gen).to("cuda", dtype)
         q, k, v, do = make().sigmoid(), make().sigmoid(), make() * 0.5, make()
         if backward:
             q, k, v = (t.requires_grad_() for t in (q, k, v))

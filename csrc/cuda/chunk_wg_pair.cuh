@@ -71,8 +71,9 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   unsigned char* ones = reinterpret_cast<unsigned char*>(fl + L::ones);
   unsigned char* zsplit = reinterpret_cast<unsigned char*>(fl + L::zsplit);
   float* z_fp32 = fl + L::z_fp32;
-  // The forward runs with WithNormalizer == p.normalize (launch_wg_forward): its normalizer's products
-  // are chosen at compile time, since a branch inside a product group serializes it (C7519, C7515).
+  // The forward runs with WithNormalizer == p.normalize (launch.cuh, check_normalize_mode): its
+  // normalizer's products are chosen at compile time, since a branch inside a product group
+  // serializes it (C7519, C7515).
   constexpr bool kFwdNorm = kFwd && WithNormalizer, kSplitZ = kFwdNorm && std::is_same_v<T, __nv_bfloat16>;
   const int tid = threadIdx.x, w = tid / 128, t = tid % 128;  // warpgroup, thread in it
 

@@ -117,13 +117,25 @@ Status compute_features(const LinearAttnParams& p, bool backward, TcFeatures& fe
   return Status::kSuccess;
 }
 
+// Each wgmma kernel is compiled for one normalize mode: the forward takes its normalizer's products
+// from WithNormalizer at compile time, the sweeps compiled without it skip the normalizer's terms.
+// launch_wg_forward and launch_chunk_bwd_tc pass p.normalize; this check refuses any other pairing.
+template <bool WithNormalizer>
+Status check_normalize_mode(const LinearAttnParams& p, const char* what) {
+  if (WithNormalizer == p.normalize) return Status::kSuccess;
+  return fail(Status::kInvalidArgument, "%s: a kernel compiled for normalize=%d launched with normalize=%d", what,
+              int(WithNormalizer), int(p.normalize));
+}
+
 template <class T, TcRole R, int DI, bool WithNormalizer>
 Status launch_wg_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
+  if (const Status s = check_normalize_mode<WithNormalizer>(p, what); s != Status::kSuccess) return s;
   return launch_sweep(chunk_wg_kernel<T, R, DI, WithNormalizer>, WgLayoutOf<R, DI>::smem_bytes, p, partial, wg_segments<R, DI>(p),
                       wg_tiles<R>(p), feat, what);
 }
 template <class T, TcRole R, bool WithNormalizer>
 Status launch_wg_pair(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
+  if (const Status s = check_normalize_mode<WithNormalizer>(p, what); s != Status::kSuccess) return s;
   return launch_sweep(chunk_wg_pair_kernel<T, R, WithNormalizer>, WgPairLayout::smem_bytes, p, partial, wg_pair_segments<R>(p),
                       wg_tiles<R>(p), feat, what, WgPairLayout::threads, WgPairLayout::chunk);
 }
@@ -134,8 +146,8 @@ Status launch_wg(const LinearAttnParams& p, int64_t inner, float* partial, const
 }
 // The wgmma forward. Without normalize it runs kernels compiled without the normalizer, whose
 // registers and branches would otherwise cost the unnormalized steps (H200: 249.5 -> 255.7 us at
-// B4-T8192-H16-D128 when the normalizer's z split came in). The forward kernels rely on
-// WithNormalizer == p.normalize: they choose their normalizer's products at compile time.
+// B4-T8192-H16-D128 when the normalizer's z split came in). WithNormalizer == p.normalize
+// (check_normalize_mode).
 template <class T, bool WithNormalizer>
 Status launch_wg_forward(const LinearAttnParams& p, int64_t K, float* partial, const TcFeatures& feat) {
   if (wgmma_pair<TcRole::kForward>(p))
