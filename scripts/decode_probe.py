@@ -15,20 +15,21 @@ import attnrnn  # noqa: E402
 
 
 def one_call_and_kernel_ms(step):
-    """(median of single calls between events, one step's share of 20 replayed from a CUDA graph)."""
-    with torch.no_grad():
-        for _ in range(3):
-            step()
-        one = event_ms(step, 50)
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            step()
-            with torch.cuda.graph(graph, stream=stream):
-                for _ in range(20):
-                    step()
-        torch.cuda.synchronize()
-        return one, event_ms(graph.replay, 20) / 20
+    """(median of single calls between events, one step's share of 20 replayed from a CUDA graph).
+    Also scripts/call_host.py's measure of a forward call."""
+    for _ in range(3):
+        step()
+    one = event_ms(step, 50)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(20):
+                step()
+    torch.cuda.synchronize()
+    return one, event_ms(graph.replay, 20) / 20
 
 
 def event_ms(fn, reps):
@@ -67,7 +68,8 @@ def main():
             impls["fla_fused_recurrent"] = lambda: fla(q4, k4, v4, initial_state=S, output_final_state=True)[0]
         floor = 8 * B * args.H * args.D * args.D / bw * 1e3
         for name, step in impls.items():
-            one, kernel = one_call_and_kernel_ms(step)
+            with torch.no_grad():
+                one, kernel = one_call_and_kernel_ms(step)
             print(f"{knobs} {name:20s} B{B}-H{args.H}-D{args.D}: one call {one * 1e3:7.1f} us "
                   f"({100 * floor / one:4.1f}% floor)  kernel {kernel * 1e3:7.1f} us ({100 * floor / kernel:4.1f}% floor)"
                   f"  floor {floor * 1e3:6.1f} us", flush=True)
