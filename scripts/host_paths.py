@@ -51,7 +51,7 @@ def main():
     for name, fn in {"torch.empty(0)": lambda: torch.empty(0, device="cuda"),
                      "torch.empty(1 MiB)": lambda: torch.empty(1 << 18, device="cuda"),
                      "x.add_(1) (one kernel)": lambda: x.add_(1),
-                     "torch.ops.aten.add_.Tensor": lambda: torch.ops.aten.add_.Scalar(x, 1)}.items():
+                     "torch.ops.aten.add_.Scalar": lambda: torch.ops.aten.add_.Scalar(x, 1)}.items():
         print(f"{name:40s} {host_us(fn):6.1f} us", flush=True)
     qd, kd, vd = (torch.randn(64, 32, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     S = torch.zeros(64, 32, 128, 128, device="cuda")
