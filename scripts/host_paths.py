@@ -3,7 +3,7 @@ operator called directly (packet and overload), and plain PyTorch calls of one a
 kernel for comparison; at a tiny shape (the GPU never holds the host back) and at training shapes
 (a sleep kernel keeps the GPU busy, so no launch waits).
 
-    PYTHONPATH=python python scripts/host_paths.py
+    PYTHONPATH=python:scripts python scripts/host_paths.py
 """
 import statistics
 import time
@@ -12,6 +12,7 @@ import torch
 
 import attnrnn
 from attnrnn._ops import ops
+from kernel_times import shape_name
 
 
 def host_us(fn, calls=300, busy=False):
@@ -45,7 +46,7 @@ def main():
                                                                        "identity", normalize, False, 0),
             }
             for name, fn in rows.items():
-                print(f"B{shape[0]}-T{shape[1]}-H{shape[2]}-D{shape[3]} norm={int(normalize)} {name:28s} "
+                print(f"{shape_name(*shape)} norm={int(normalize)} {name:28s} "
                       f"{host_us(fn, busy=busy):6.1f} us", flush=True)
     x = torch.zeros(64, device="cuda")
     for name, fn in {"torch.empty(0)": lambda: torch.empty(0, device="cuda"),

@@ -181,8 +181,7 @@ int64_t wg_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
 // rule: paired it took 651 -> 658, 628 -> 652 and 688 -> 659 (two of three slower), and so does fp16,
 // whose pair forward takes a . z in fp32 FMAs, not on wgmma: with normalize 845 -> 843 us at
 // B1-T65536-H16-D128 and 826 -> 839 at B2-T32768-H16 (bench/results/raw/h200_fwd_pair_rule_fp16.txt).
-// Bit 6 of ATTNRNN_TC_WGMMA
-// pairs them at every shape (tests, measurements).
+// Bit 6 of ATTNRNN_TC_WGMMA pairs them at every shape (tests, measurements).
 template <TcRole R>
 bool wgmma_pair(const LinearAttnParams& p) {
   static_assert(R != TcRole::kDen && R != TcRole::kGradKV, "the den and fused dk + dv sweeps are not paired");
