@@ -26,7 +26,8 @@ struct WgStateLayout {
   static constexpr int stage = (KT + 1) * kWgTileBytes;  // 24 KiB at DI = 128, 16 KiB at DI = 64
   static constexpr int z_floats = WgLayout<DI>::z_floats;
   static constexpr int64_t smem_bytes = int64_t(stages) * stage + z_floats * 4;  // 96.5 / 64.3 KiB
-  // as many blocks per SM as pass 2's 64-token kernel, whose occupancy the segment split assumes
+  // as many blocks per SM as the 64-token pass 2, whose occupancy its segment split assumes (the
+  // 128-token pass 2 runs one block per SM: its split leaves this kernel one per SM too)
   static constexpr int min_blocks = WgLayout<DI>::min_blocks;
   static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
   static_assert(WgLayout<DI>::partial_floats == DI * 64 + z_floats, "pass 2 reads S [DI][64], then z");
@@ -128,6 +129,8 @@ __global__ void __launch_bounds__(kTcThreads, WgStateLayout<DI>::min_blocks)
 #pragma unroll
     for (int i = 0; i < 32; ++i) part[(64 * h + wg_acc_row(tid, i)) * D + wg_acc_col(tid, i)] = S[h][i];
   if (tid < L::z_floats) part[DI * D + tid] = normalizes<WithNormalizer>(p) && tid < z_width ? z[tid] : 0.f;
+#elif defined(__CUDA_ARCH__)
+  __trap();  // launched from an image without sm_90a code: fail loudly rather than leave partials unwritten
 #endif
 }
 
