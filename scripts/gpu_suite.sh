@@ -120,18 +120,25 @@ if want multigpu; then
 fi
 if want bench; then
   gpus=$(gpu_count)
+  # SM clock, power and temperature every 200 ms while the benchmark runs (read only): whether a
+  # row's per-call time moved with the clocks under sustained load.
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 200 \
+    >"$OUT/bench_clocks.csv" 2>/dev/null &
+  sampler=$!
   if [ "$gpus" -ge 2 ]; then
     # Two halves of the shapes, each process alone on its own GPU (fla's autotuning halves too),
     # then one file with ratios and targets recomputed (bench/results/README.md).
     half_a=B8-T2048-H16-D64,B4-T8192-H16-D128,B64-H32-D128,B256-H32-D128
     half_b=B1-T65536-H16-D128,B8-T4096-H32-D64
     CUDA_VISIBLE_DEVICES=0 python3 -m bench --device cuda --shapes $half_a --out "$OUT/h200_a.json" >"$OUT/bench_a.log" 2>&1 &
+    first_half=$!
     CUDA_VISIBLE_DEVICES=1 python3 -m bench --device cuda --shapes $half_b --out "$OUT/h200_b.json" >"$OUT/bench_b.log" 2>&1
-    wait
+    wait "$first_half"
     python3 -m bench --merge "$OUT/h200_a.json" "$OUT/h200_b.json" --out "$OUT/h200.json" --png "$OUT/h200.png" 2>&1 |
       tee "$OUT/bench.log" | tail -60
   else
     python3 -m bench --device cuda --out "$OUT/h200.json" --png "$OUT/h200.png" 2>&1 | tee "$OUT/bench.log" | tail -60
   fi
+  kill "$sampler" 2>/dev/null
 fi
 exit $status
