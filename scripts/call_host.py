@@ -13,10 +13,11 @@ import torch
 
 import attnrnn
 from decode_probe import one_call_and_kernel_ms
+from kernel_times import shapes_of
 
 
 def main():
-    B, T, H, D = (int(x[1:]) for x in sys.argv[1].split("-"))
+    [(B, T, H, D)] = shapes_of(["--shapes", sys.argv[1]])
     normalize = "--normalize" in sys.argv
     torch.set_grad_enabled("--no-grad" not in sys.argv)
     q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16).sigmoid() for _ in range(3))
