@@ -19,17 +19,20 @@
 namespace attnrnn::cuda {
 
 // Shared memory of the state pass: per stage the B tiles [KT][64 tokens][64] and the Cv tile, then z.
-template <int DI>
+// BlocksPerSm: the blocks per SM that pass 2's segment split assumes (the 64-token pass 2: its
+// min_blocks; the 128-token pass 2: one), which this kernel runs too; it takes as many stages as fit
+// beside them: 4 at DI = 128 and 64 (two and three blocks per SM), 9 at DI = 128 with one block.
+template <int DI, int BlocksPerSm>
 struct WgStateLayout {
   static constexpr int KT = DI / 64;
-  static constexpr int stages = 4;  // three stages of loads in flight while one is summed
   static constexpr int stage = (KT + 1) * kWgTileBytes;  // 24 KiB at DI = 128, 16 KiB at DI = 64
   static constexpr int z_floats = WgLayout<DI>::z_floats;
-  static constexpr int64_t smem_bytes = int64_t(stages) * stage + z_floats * 4;  // 96.5 / 64.3 KiB
-  // as many blocks per SM as the 64-token pass 2, whose occupancy its segment split assumes (the
-  // 128-token pass 2 runs one block per SM: its split leaves this kernel one per SM too)
-  static constexpr int min_blocks = WgLayout<DI>::min_blocks;
+  static constexpr int min_blocks = BlocksPerSm;
+  static constexpr int stages = static_cast<int>((228 * 1024 / BlocksPerSm - 1024 - z_floats * 4) / stage);
+  static constexpr int64_t smem_bytes = int64_t(stages) * stage + z_floats * 4;  // 96.5 / 216.5 / 64.3 KiB
+  static_assert(stages >= 3, "two stages of loads in flight while one is summed");
   static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
+  static_assert(smem_bytes <= 227 * 1024, "a block's shared memory limit");
   static_assert(WgLayout<DI>::partial_floats == DI * 64 + z_floats, "pass 2 reads S [DI][64], then z");
 };
 
@@ -37,14 +40,15 @@ template <TcRole R>
 constexpr bool kHasWgStatePass = R == TcRole::kForward || R == TcRole::kGradQ;
 
 // Grid as launch_sweep's: (sequences x segments x output tiles, kv heads); chunk: the tokens per
-// chunk of pass 2 (64, or 128 for chunk_wg_pair_kernel), in which split.seg_chunks counts.
-template <class T, TcRole R, int DI, bool WithNormalizer>
-__global__ void __launch_bounds__(kTcThreads, WgStateLayout<DI>::min_blocks)
+// chunk of pass 2 (64, or 128 for chunk_wg_pair_kernel), in which split.seg_chunks counts;
+// BlocksPerSm as WgStateLayout's.
+template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer>
+__global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
     chunk_wg_state_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat, int chunk) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kHasWgStatePass<R>, "the state pass is for the sweeps without per-token weights");
   using Info = TcRoleInfo<R>;
-  using L = WgStateLayout<DI>;
+  using L = WgStateLayout<DI, BlocksPerSm>;
   constexpr bool kFwd = R == TcRole::kForward;
   constexpr int C = kTcChunk, D = 64, NS = L::stages, KT = L::KT;
   extern __shared__ __align__(1024) unsigned char smem[];

@@ -91,26 +91,28 @@ inline bool wg_state_pass_enabled() {
   return enabled;
 }
 
-// Pass 1 of a split wgmma sweep of role R on chunk_wg_state_kernel; chunk: pass 2's chunk length.
-template <class T, TcRole R, int DI, bool WithNormalizer>
+// Pass 1 of a split wgmma sweep of role R on chunk_wg_state_kernel; chunk: pass 2's chunk length,
+// BlocksPerSm: the blocks per SM its split assumes.
+template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer>
 Status launch_wg_state_pass(const LinearAttnParams& p, const TcFeatures& feat, int chunk, const TcSplit& split,
                             dim3 grid, cudaStream_t stream, const char* what) {
-  auto kernel = chunk_wg_state_kernel<T, R, DI, WithNormalizer>;
-  constexpr int64_t bytes = WgStateLayout<DI>::smem_bytes;
+  auto kernel = chunk_wg_state_kernel<T, R, DI, BlocksPerSm, WithNormalizer>;
+  constexpr int64_t bytes = WgStateLayout<DI, BlocksPerSm>::smem_bytes;
   const Status s = allow_smem(kernel, bytes, what);
   if (s != Status::kSuccess) return s;
   kernel<<<grid, kTcThreads, bytes, stream>>>(p, split, feat, chunk);
   return Status::kSuccess;
 }
 
-// launch_sweep for the wgmma kernels: the forward and dq sweeps with their state pass when enabled.
-template <class T, TcRole R, int DI, bool WithNormalizer, class Kernel>
+// launch_sweep for the wgmma kernels: the forward and dq sweeps with their state pass when enabled
+// (BlocksPerSm: the blocks per SM of the sweep's split).
+template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer, class Kernel>
 Status launch_wg_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, float* partial, int segments,
                        int64_t tiles, const TcFeatures& feat, const char* what, int threads, int chunk) {
   if constexpr (kHasWgStatePass<R>) {
     if (wg_state_pass_enabled()) {
       auto state_pass = [&](const TcSplit& split, dim3 grid, cudaStream_t stream) {
-        return launch_wg_state_pass<T, R, DI, WithNormalizer>(p, feat, chunk, split, grid, stream, what);
+        return launch_wg_state_pass<T, R, DI, BlocksPerSm, WithNormalizer>(p, feat, chunk, split, grid, stream, what);
       };
       return launch_sweep(kernel, bytes, p, partial, segments, tiles, feat, what, threads, chunk, state_pass);
     }
@@ -180,14 +182,16 @@ Status check_normalize_mode(const LinearAttnParams& p, const char* what) {
 template <class T, TcRole R, int DI, bool WithNormalizer>
 Status launch_wg_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
   if (const Status s = check_normalize_mode<WithNormalizer>(p, what); s != Status::kSuccess) return s;
-  return launch_wg_sweep<T, R, DI, WithNormalizer>(chunk_wg_kernel<T, R, DI, WithNormalizer>, WgLayoutOf<R, DI>::smem_bytes,
-                                                   p, partial, wg_segments<R, DI>(p), wg_tiles<R>(p), feat, what,
-                                                   kTcThreads, kTcChunk);
+  using L = WgLayoutOf<R, DI>;
+  return launch_wg_sweep<T, R, DI, L::min_blocks, WithNormalizer>(chunk_wg_kernel<T, R, DI, WithNormalizer>,
+                                                                   L::smem_bytes, p, partial, wg_segments<R, DI>(p),
+                                                                   wg_tiles<R>(p), feat, what, kTcThreads, kTcChunk);
 }
 template <class T, TcRole R, bool WithNormalizer>
 Status launch_wg_pair(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
   if (const Status s = check_normalize_mode<WithNormalizer>(p, what); s != Status::kSuccess) return s;
-  return launch_wg_sweep<T, R, 64 * WgPairLayout::KT, WithNormalizer>(
+  // one block per SM, as wg_pair_segments splits
+  return launch_wg_sweep<T, R, 64 * WgPairLayout::KT, 1, WithNormalizer>(
       chunk_wg_pair_kernel<T, R, WithNormalizer>, WgPairLayout::smem_bytes, p, partial, wg_pair_segments<R>(p),
       wg_tiles<R>(p), feat, what, WgPairLayout::threads, WgPairLayout::chunk);
 }
