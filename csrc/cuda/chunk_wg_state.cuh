@@ -98,11 +98,9 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   for (int i = 0; i < steps; ++i) {
     cp_async_wait<NS - 2>();  // step i's tiles (the NS - 2 steps after it may still be in flight)
     wg_fence_shared();        // cp.async writes before the products read them
-    // Every thread's copies of step i are in, and every thread is done with step i - 1's stage,
-    // which the next load refills.
+    // Every thread's copies of step i are in, and every thread is done with step i - 1's stage
+    // (its products waited for), which the loads below refill.
     __syncthreads();
-    if (i + NS - 1 < steps) issue(i + NS - 1);
-    cp_async_commit();
     const unsigned char* Bt = stage(i);
     const unsigned char* Ct = Bt + KT * kWgTileBytes;
     hold_state();
@@ -113,14 +111,17 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
       for (int j = 0; j < 4; ++j)
         wg_mma_ss<T, 1, 1>(S[h], wg_descriptor(Bt, h * kWgTileBytes + 2048 * j), wg_descriptor(Ct, 2048 * j), 1);
     wg_commit();
-    wg_wait_all();
-    hold_state();
+    // while the products run: the next loads and z's column sums (which read the stage the products read)
+    if (i + NS - 1 < steps) issue(i + NS - 1);
+    cp_async_commit();
     if (normalizes<WithNormalizer>(p)) {
       if constexpr (kFwd)
         wg_sum_columns<T, KT>(Bt, nullptr, z, nullptr, tid);  // z += colsum phi(k), inner dims
       else
         wg_sum_columns<T, 1>(Ct, nullptr, z, nullptr, tid);   // z += colsum phi(k), output columns
     }
+    wg_wait_all();
+    hold_state();
   }
   cp_async_wait<0>();
   __syncthreads();  // the last step's z
