@@ -15,6 +15,8 @@
 //             segment split; WgLayout); the sweeps with inner dim 128 (the forward's and dv's K,
 //             dq's and dk's V) with the default chunk size run chunk_wg_pair.cuh (two warpgroups on
 //             128-token chunks; WgPairLayout)
+//   pass 1    a split wgmma forward or dq sweep sums its segments' states on chunk_wg_state.cuh
+//             (four stages, B and Cv only; ATTNRNN_WG_STATE_PASS=0 runs the sweep's kernel instead)
 //   den       with normalize, the backward's w and dd come from the forward's saved w when it is
 //             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
 //   overlap   with ATTNRNN_BWD_CONCURRENT=1 the backward's dq, dk and dv sweeps run at once (dk
@@ -32,22 +34,28 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "chunk_bwd.cuh"
 #include "chunk_dd.cuh"
 #include "chunk_fwd.cuh"
+#include "chunk_wg_state.cuh"
 #include "launch_plan.cuh"
 
 namespace attnrnn::cuda {
 
+// Pass 1 run by the sweep's own kernel with split.state_only set.
+struct OwnStatePass {};
+
 // One sweep of a chunk-scan kernel (chunk_tc_kernel, chunk_wg_kernel, chunk_wg_pair_kernel) as one
 // pass or two: grid (sequences x segments x tiles, kv heads) of `threads`; `segments` is the sweep's
-// split (1 without a workspace), over chunks of `chunk` tokens.
-template <class Kernel>
+// split (1 without a workspace), over chunks of `chunk` tokens. Pass 1 runs the sweep's kernel, or
+// state_pass(split, grid, stream) when one is given (launch_wg_state_pass).
+template <class Kernel, class StatePass = OwnStatePass>
 Status launch_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, float* partial, int segments,
                     int64_t tiles, const TcFeatures& feat, const char* what, int threads = kTcThreads,
-                    int chunk = kTcChunk) {
+                    int chunk = kTcChunk, StatePass state_pass = {}) {
   Status s = allow_smem(kernel, bytes, what);
   if (s != Status::kSuccess) return s;
   TcSplit split;
@@ -59,13 +67,57 @@ Status launch_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, flo
     split.seg_chunks = static_cast<int>((chunks + split.segments - 1) / split.segments);
     split.partial = partial;
     split.state_only = true;
-    kernel<<<grid, threads, bytes, stream>>>(p, split, feat);
+    if constexpr (std::is_same_v<StatePass, OwnStatePass>) {
+      kernel<<<grid, threads, bytes, stream>>>(p, split, feat);
+    } else {
+      s = state_pass(split, grid, stream);
+      if (s != Status::kSuccess) return s;
+    }
     s = check_launch(what);
     if (s != Status::kSuccess) return s;
     split.state_only = false;
   }
   kernel<<<grid, threads, bytes, stream>>>(p, split, feat);
   return check_launch(what);
+}
+
+// Whether split wgmma forward and dq sweeps take pass 1 from chunk_wg_state_kernel (default) or from
+// their own kernel (ATTNRNN_WG_STATE_PASS=0, for measuring one against the other).
+inline bool wg_state_pass_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ATTNRNN_WG_STATE_PASS");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  return enabled;
+}
+
+// Pass 1 of a split wgmma sweep of role R on chunk_wg_state_kernel; chunk: pass 2's chunk length,
+// BlocksPerSm: the blocks per SM its split assumes.
+template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer>
+Status launch_wg_state_pass(const LinearAttnParams& p, const TcFeatures& feat, int chunk, const TcSplit& split,
+                            dim3 grid, cudaStream_t stream, const char* what) {
+  auto kernel = chunk_wg_state_kernel<T, R, DI, BlocksPerSm, WithNormalizer>;
+  constexpr int64_t bytes = WgStateLayout<DI, BlocksPerSm>::smem_bytes;
+  const Status s = allow_smem(kernel, bytes, what);
+  if (s != Status::kSuccess) return s;
+  kernel<<<grid, kTcThreads, bytes, stream>>>(p, split, feat, chunk);
+  return Status::kSuccess;
+}
+
+// launch_sweep for the wgmma kernels: the forward and dq sweeps with their state pass when enabled
+// (BlocksPerSm: the blocks per SM of the sweep's split).
+template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer, class Kernel>
+Status launch_wg_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, float* partial, int segments,
+                       int64_t tiles, const TcFeatures& feat, const char* what, int threads, int chunk) {
+  if constexpr (kHasWgStatePass<R>) {
+    if (wg_state_pass_enabled()) {
+      auto state_pass = [&](const TcSplit& split, dim3 grid, cudaStream_t stream) {
+        return launch_wg_state_pass<T, R, DI, BlocksPerSm, WithNormalizer>(p, feat, chunk, split, grid, stream, what);
+      };
+      return launch_sweep(kernel, bytes, p, partial, segments, tiles, feat, what, threads, chunk, state_pass);
+    }
+  }
+  return launch_sweep(kernel, bytes, p, partial, segments, tiles, feat, what, threads, chunk);
 }
 
 template <class T, TcRole R, int DI>
@@ -130,14 +182,18 @@ Status check_normalize_mode(const LinearAttnParams& p, const char* what) {
 template <class T, TcRole R, int DI, bool WithNormalizer>
 Status launch_wg_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
   if (const Status s = check_normalize_mode<WithNormalizer>(p, what); s != Status::kSuccess) return s;
-  return launch_sweep(chunk_wg_kernel<T, R, DI, WithNormalizer>, WgLayoutOf<R, DI>::smem_bytes, p, partial, wg_segments<R, DI>(p),
-                      wg_tiles<R>(p), feat, what);
+  using L = WgLayoutOf<R, DI>;
+  return launch_wg_sweep<T, R, DI, L::min_blocks, WithNormalizer>(chunk_wg_kernel<T, R, DI, WithNormalizer>,
+                                                                   L::smem_bytes, p, partial, wg_segments<R, DI>(p),
+                                                                   wg_tiles<R>(p), feat, what, kTcThreads, kTcChunk);
 }
 template <class T, TcRole R, bool WithNormalizer>
 Status launch_wg_pair(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
   if (const Status s = check_normalize_mode<WithNormalizer>(p, what); s != Status::kSuccess) return s;
-  return launch_sweep(chunk_wg_pair_kernel<T, R, WithNormalizer>, WgPairLayout::smem_bytes, p, partial, wg_pair_segments<R>(p),
-                      wg_tiles<R>(p), feat, what, WgPairLayout::threads, WgPairLayout::chunk);
+  // one block per SM, as wg_pair_segments splits
+  return launch_wg_sweep<T, R, 64 * WgPairLayout::KT, 1, WithNormalizer>(
+      chunk_wg_pair_kernel<T, R, WithNormalizer>, WgPairLayout::smem_bytes, p, partial, wg_pair_segments<R>(p),
+      wg_tiles<R>(p), feat, what, WgPairLayout::threads, WgPairLayout::chunk);
 }
 template <class T, TcRole R, bool WithNormalizer>
 Status launch_wg(const LinearAttnParams& p, int64_t inner, float* partial, const TcFeatures& feat, const char* what) {

@@ -1,0 +1,142 @@
+// Pass 1 of a split forward or dq sweep on warpgroup MMA (sm_90a): the change of the state over one
+// segment,
+//   S_seg [DI x 64] = sum_t B_t^T Cv_t     forward: B = phi(k), Cv = v;   dq: B = v, Cv = phi(k)
+//   z_seg           = sum_t colsum         normalize: the forward's over B's DI dims, dq's over Cv's
+//                                          64 columns
+// written where pass 2 reads it (chunk_wg_kernel or chunk_wg_pair_kernel with the same grid and the
+// same partial layout). As its own pass 1, the sweep's kernel kept its two-stage pipeline and its
+// shared memory for A and the state tiles: one stage of loads in flight per step, 48 KiB per SM,
+// ~73% of the copy rate at B1-T65536-H16-D128 (docs/design.md, "What would get there" item 7). This
+// kernel reads only B and Cv, once per chunk rather than once per query head of a group, through
+// WgStateLayout::stages stages. The roles with per-token weights (dk, dv) keep their own pass 1.
+#pragma once
+
+#include "chunk_tc_plan.cuh"
+#include "chunk_wg_tiles.cuh"
+#include "wgmma.cuh"
+#include "wgmma_sums.cuh"
+
+namespace attnrnn::cuda {
+
+// Shared memory of the state pass: per stage the B tiles [KT][64 tokens][64] and the Cv tile, then z.
+// BlocksPerSm: the blocks per SM that pass 2's segment split assumes (the 64-token pass 2: its
+// min_blocks; the 128-token pass 2: one), which this kernel runs too; it takes as many stages as fit
+// beside them: 4 at DI = 128 and 64 (two and three blocks per SM), 9 at DI = 128 with one block.
+template <int DI, int BlocksPerSm>
+struct WgStateLayout {
+  static constexpr int KT = DI / 64;
+  static constexpr int stage = (KT + 1) * kWgTileBytes;  // 24 KiB at DI = 128, 16 KiB at DI = 64
+  static constexpr int z_floats = WgLayout<DI>::z_floats;
+  static constexpr int min_blocks = BlocksPerSm;
+  static constexpr int stages = static_cast<int>((228 * 1024 / BlocksPerSm - 1024 - z_floats * 4) / stage);
+  static constexpr int64_t smem_bytes = int64_t(stages) * stage + z_floats * 4;  // 96.5 / 216.5 / 64.3 KiB
+  static_assert(stages >= 3, "two stages of loads in flight while one is summed");
+  static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
+  static_assert(smem_bytes <= 227 * 1024, "a block's shared memory limit");
+  static_assert(WgLayout<DI>::partial_floats == DI * 64 + z_floats, "pass 2 reads S [DI][64], then z");
+};
+
+template <TcRole R>
+constexpr bool kHasWgStatePass = R == TcRole::kForward || R == TcRole::kGradQ;
+
+// Grid as launch_sweep's: (sequences x segments x output tiles, kv heads); chunk: the tokens per
+// chunk of pass 2 (64, or 128 for chunk_wg_pair_kernel), in which split.seg_chunks counts;
+// BlocksPerSm as WgStateLayout's.
+template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer>
+__global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
+    chunk_wg_state_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat, int chunk) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(kHasWgStatePass<R>, "the state pass is for the sweeps without per-token weights");
+  using Info = TcRoleInfo<R>;
+  using L = WgStateLayout<DI, BlocksPerSm>;
+  constexpr bool kFwd = R == TcRole::kForward;
+  constexpr int C = kTcChunk, D = 64, NS = L::stages, KT = L::KT;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
+  float* z = reinterpret_cast<float*>(smem + NS * L::stage);
+
+  const int64_t Hkv = p.num_kv_heads, out_cols = kFwd ? p.head_dim_v : p.head_dim_k;
+  const int tiles = static_cast<int>(out_cols / D), tile = blockIdx.x % tiles;
+  const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
+  const int seg = (blockIdx.x / tiles) % split.segments;
+  const int tid = threadIdx.x;
+  const Seq seq = sequence(p, n);
+
+  // ---- this segment's tokens [first, end): pass 2's chunks [ci0, ci1), walked 64 tokens a step ------
+  const int64_t nc = (seq.len + chunk - 1) / chunk;
+  const int64_t ci0 = min(nc, int64_t(seg) * split.seg_chunks), ci1 = min(nc, ci0 + split.seg_chunks);
+  const int64_t first = ci0 * chunk, end = min(seq.len, ci1 * chunk);
+  const int steps = end > first ? static_cast<int>((end - first + C - 1) / C) : 0;
+  const WgSource<T> b_src = wg_source<T>(tc_view(p, feat, Info::b), seq, 0, tid);
+  const WgSource<T> c_src = wg_source<T>(tc_view(p, feat, Info::c), seq, tile * D, tid);
+  auto stage = [&](int i) { return smem + (i % NS) * L::stage; };
+  auto issue = [&](int i) {  // step i's B and Cv tiles (rows past the segment's end as zeros)
+    const int64_t t = first + int64_t(i) * C;
+    const int cl = static_cast<int>(end - t < C ? end - t : C);
+    wg_load_tiles<T>(stage(i), b_src, g, DI, seq.t0 + t, cl, tid);
+    wg_load_tiles<T>(stage(i) + KT * kWgTileBytes, c_src, g, D, seq.t0 + t, cl, tid);
+  };
+
+  float S[KT][32];
+#pragma unroll
+  for (int h = 0; h < KT; ++h)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) S[h][i] = 0.f;
+  auto hold_state = [&]() {
+#pragma unroll
+    for (int h = 0; h < KT; ++h) wg_hold(S[h]);
+  };
+  constexpr int z_width = kFwd ? DI : D;
+  static_assert(L::z_floats <= kTcThreads, "one thread per z entry");
+  if (tid < L::z_floats) z[tid] = 0.f;  // read by its column's writer after the first step's barrier
+
+  // ---- the steps: S += B^T Cv (and z += its column sums) ------------------------------------------
+  for (int i = 0; i < NS - 1; ++i) {
+    if (i < steps) issue(i);
+    cp_async_commit();
+  }
+  for (int i = 0; i < steps; ++i) {
+    cp_async_wait<NS - 2>();  // step i's tiles (the NS - 2 steps after it may still be in flight)
+    wg_fence_shared();        // cp.async writes before the products read them
+    // Every thread's copies of step i are in, and every thread is done with step i - 1's stage
+    // (its products waited for), which the loads below refill.
+    __syncthreads();
+    const unsigned char* Bt = stage(i);
+    const unsigned char* Ct = Bt + KT * kWgTileBytes;
+    hold_state();
+    wg_fence();
+#pragma unroll
+    for (int h = 0; h < KT; ++h)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        wg_mma_ss<T, 1, 1>(S[h], wg_descriptor(Bt, h * kWgTileBytes + 2048 * j), wg_descriptor(Ct, 2048 * j), 1);
+    wg_commit();
+    // while the products run: the next loads and z's column sums (which read the stage the products read)
+    if (i + NS - 1 < steps) issue(i + NS - 1);
+    cp_async_commit();
+    if (normalizes<WithNormalizer>(p)) {
+      if constexpr (kFwd)
+        wg_sum_columns<T, KT>(Bt, nullptr, z, nullptr, tid);  // z += colsum phi(k), inner dims
+      else
+        wg_sum_columns<T, 1>(Ct, nullptr, z, nullptr, tid);   // z += colsum phi(k), output columns
+    }
+    wg_wait_all();
+    hold_state();
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the last step's z
+
+  // ---- the segment's partial, in pass 2's layout ----------------------------------------------------
+  const int64_t N = gridDim.x / tiles / split.segments;
+  float* part = split.partial + (((int64_t(seg) * N + n) * Hkv + g) * tiles + tile) * WgLayout<DI>::partial_floats;
+#pragma unroll
+  for (int h = 0; h < KT; ++h)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) part[(64 * h + wg_acc_row(tid, i)) * D + wg_acc_col(tid, i)] = S[h][i];
+  if (tid < L::z_floats) part[DI * D + tid] = normalizes<WithNormalizer>(p) && tid < z_width ? z[tid] : 0.f;
+#elif defined(__CUDA_ARCH__)
+  __trap();  // launched from an image without sm_90a code: fail loudly rather than leave partials unwritten
+#endif
+}
+
+}  // namespace attnrnn::cuda
