@@ -8,8 +8,9 @@
 // shared memory for A and the state tiles: one stage of loads in flight per step, ~73% of the copy
 // rate at B1-T65536-H16-D128. This kernel reads only B and Cv, once per chunk rather than once per
 // query head of a group, through WgStateLayout's stages. H200 there (docs/design.md, "What would
-// get there" item 7): 131 us (4.1 TB/s of DRAM), 160 with z; the forward 650 -> 605 us, 719 -> 692
-// with normalize. The roles with per-token weights (dk, dv) keep their own pass 1.
+// get there" item 7): 131 us (4.1 TB/s of DRAM), 134 with z on m64n8 wgmmas (160 with mma.sync
+// column sums after the products); the forward 650 -> 606 us, 719 -> 669 with normalize. The roles
+// with per-token weights (dk, dv) keep their own pass 1.
 #pragma once
 
 #include "chunk_tc_plan.cuh"
