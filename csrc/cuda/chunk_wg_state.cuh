@@ -8,8 +8,9 @@
 // shared memory for A and the state tiles: one stage of loads in flight per step, ~73% of the copy
 // rate at B1-T65536-H16-D128. This kernel reads only B and Cv, once per chunk rather than once per
 // query head of a group, through WgStateLayout's stages. H200 there (docs/design.md, "What would
-// get there" item 7): 131 us (4.1 TB/s of DRAM), 160 with z; the forward 650 -> 605 us, 719 -> 692
-// with normalize. The roles with per-token weights (dk, dv) keep their own pass 1.
+// get there" item 7): 131 us (4.1 TB/s of DRAM), 134 with z on m64n8 wgmmas (160 with mma.sync
+// column sums after the products); the forward 650 -> 606 us, 719 -> 669 with normalize. The roles
+// with per-token weights (dk, dv) keep their own pass 1.
 #pragma once
 
 #include "chunk_tc_plan.cuh"
@@ -19,7 +20,8 @@
 
 namespace attnrnn::cuda {
 
-// Shared memory of the state pass: per stage the B tiles [KT][64 tokens][64] and the Cv tile, then z.
+// Shared memory of the state pass: per stage the B tiles [KT][64 tokens][64] and the Cv tile, then
+// the tile of ones [8][64] (z's column sums are products with it).
 // BlocksPerSm: the blocks per SM that pass 2's segment split assumes (the 64-token pass 2: its
 // min_blocks; the 128-token pass 2: one), which this kernel runs too; it takes as many stages as fit
 // beside them: 4 at DI = 128 and 64 (two and three blocks per SM), 9 at DI = 128 with one block.
@@ -29,11 +31,13 @@ struct WgStateLayout {
   static constexpr int stage = (KT + 1) * kWgTileBytes;  // 24 KiB at DI = 128, 16 KiB at DI = 64
   static constexpr int z_floats = WgLayout<DI>::z_floats;
   static constexpr int min_blocks = BlocksPerSm;
-  static constexpr int stages = static_cast<int>((228 * 1024 / BlocksPerSm - 1024 - z_floats * 4) / stage);
-  static constexpr int64_t smem_bytes = int64_t(stages) * stage + z_floats * 4;  // 96.5 / 216.5 / 64.3 KiB
+  static constexpr int ones_bytes = 1024;
+  static constexpr int stages = static_cast<int>((228 * 1024 / BlocksPerSm - 1024 - ones_bytes) / stage);
+  static constexpr int64_t smem_bytes = int64_t(stages) * stage + ones_bytes;  // 97 / 217 / 65 KiB
   static_assert(stages >= 3, "two stages of loads in flight while one is summed");
   static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
   static_assert(smem_bytes <= 227 * 1024, "a block's shared memory limit");
+  static_assert(stage % 1024 == 0, "the tile of ones after the stages, 1024-byte aligned as the descriptors assume");
   static_assert(WgLayout<DI>::partial_floats == DI * 64 + z_floats, "pass 2 reads S [DI][64], then z");
 };
 
@@ -54,7 +58,7 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   constexpr int C = kTcChunk, D = 64, NS = L::stages, KT = L::KT;
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
-  float* z = reinterpret_cast<float*>(smem + NS * L::stage);
+  unsigned char* ones = smem + NS * L::stage;
 
   const int64_t Hkv = p.num_kv_heads, out_cols = kFwd ? p.head_dim_v : p.head_dim_k;
   const int tiles = static_cast<int>(out_cols / D), tile = blockIdx.x % tiles;
@@ -87,11 +91,22 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
 #pragma unroll
     for (int h = 0; h < KT; ++h) wg_hold(S[h]);
   };
-  constexpr int z_width = kFwd ? DI : D;
-  static_assert(L::z_floats <= kTcThreads, "one thread per z entry");
-  if (tid < L::z_floats) z[tid] = 0.f;  // read by its column's writer after the first step's barrier
+  // z's column sums: the forward's over B's KT tiles of 64 dims, dq's over Cv's 64 columns, each an
+  // m64n8 accumulator (every column the same sum) of X^T times the tile of ones, in S's product group
+  constexpr int ZT = kFwd ? KT : 1;
+  float Z[ZT][4];
+#pragma unroll
+  for (int h = 0; h < ZT; ++h) Z[h][0] = Z[h][1] = Z[h][2] = Z[h][3] = 0.f;
+  // at compile time (WithNormalizer == p.normalize: launch.cuh's check_normalize_mode), so that the
+  // Z products are not guarded by a branch between the fence and the commit
+  constexpr bool kSumsZ = WithNormalizer;
+  if (kSumsZ) wg_fill_ones<T>(ones, tid, kTcThreads);  // read after the first step's barrier
+  auto hold_z = [&]() {
+#pragma unroll
+    for (int h = 0; h < ZT; ++h) wg_hold(Z[h]);
+  };
 
-  // ---- the steps: S += B^T Cv (and z += its column sums) ------------------------------------------
+  // ---- the steps: S += B^T Cv (and Z += X^T ones) -------------------------------------------------
   for (int i = 0; i < NS - 1; ++i) {
     if (i < steps) issue(i);
     cp_async_commit();
@@ -105,27 +120,27 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
     const unsigned char* Bt = stage(i);
     const unsigned char* Ct = Bt + KT * kWgTileBytes;
     hold_state();
+    hold_z();
     wg_fence();
 #pragma unroll
     for (int h = 0; h < KT; ++h)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         wg_mma_ss<T, 1, 1>(S[h], wg_descriptor(Bt, h * kWgTileBytes + 2048 * j), wg_descriptor(Ct, 2048 * j), 1);
+    if constexpr (kSumsZ) {
+#pragma unroll
+      for (int h = 0; h < ZT; ++h)  // Z += colsum phi(k): the forward's inner dims, dq's output columns
+        wg_add_key_sums<T, 1>(Z[h], kFwd ? Bt : Ct, h * kWgTileBytes, 0, ones);
+    }
     wg_commit();
-    // while the products run: the next loads and z's column sums (which read the stage the products read)
+    // the next loads, while the products run
     if (i + NS - 1 < steps) issue(i + NS - 1);
     cp_async_commit();
-    if (normalizes<WithNormalizer>(p)) {
-      if constexpr (kFwd)
-        wg_sum_columns<T, KT>(Bt, nullptr, z, nullptr, tid);  // z += colsum phi(k), inner dims
-      else
-        wg_sum_columns<T, 1>(Ct, nullptr, z, nullptr, tid);   // z += colsum phi(k), output columns
-    }
     wg_wait_all();
     hold_state();
+    hold_z();
   }
   cp_async_wait<0>();
-  __syncthreads();  // the last step's z
 
   // ---- the segment's partial, in pass 2's layout ----------------------------------------------------
   const int64_t N = gridDim.x / tiles / split.segments;
@@ -134,7 +149,13 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   for (int h = 0; h < KT; ++h)
 #pragma unroll
     for (int i = 0; i < 32; ++i) part[(64 * h + wg_acc_row(tid, i)) * D + wg_acc_col(tid, i)] = S[h][i];
-  if (tid < L::z_floats) part[DI * D + tid] = normalizes<WithNormalizer>(p) && tid < z_width ? z[tid] : 0.f;
+  float* z_part = part + DI * D;  // [z_floats]: z's ZT * 64 sums, zeros after them (and without z)
+  if constexpr (kSumsZ) {
+#pragma unroll
+    for (int h = 0; h < ZT; ++h) wg_store_z(Z[h], z_part + 64 * h, tid);
+  }
+  static_assert(L::z_floats <= kTcThreads, "one thread per z entry");
+  if (tid < L::z_floats && (!kSumsZ || tid >= ZT * 64)) z_part[tid] = 0.f;
 #elif defined(__CUDA_ARCH__)
   __trap();  // launched from an image without sm_90a code: fail loudly rather than leave partials unwritten
 #endif
