@@ -11,7 +11,8 @@
 # benchmarks include fla ("bench" splits the shapes over two GPUs when there are two). "multigpu"
 # runs the context-parallel tests over NCCL on all GPUs and bench/distributed.py at B=1 H=16 D=128
 # bf16, T = 256k/512k/1M, on all GPUs and on one (CP_MODES="norm unnorm": normalize on/off).
-# SKIP_BUILD=1 reuses an in-place build.
+# SKIP_BUILD=1 reuses an in-place build. A device call brings back 8 files of $OUT: end it with
+# scripts/pack_out.sh, which packs the rest into $OUT/logs.tar.gz.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
