@@ -37,11 +37,15 @@ __device__ __forceinline__ void stsm_x4(void* row_address, const uint32_t (&r)[4
                : "memory");
 }
 
-// Descriptor of the tile at `smem` + byte_offset: start address >> 4, LBO 16 B (unused with this
-// swizzle), SBO 1024 B (eight rows), layout type 1 (128-byte swizzle).
+// Descriptor of the tile at `smem` + byte_offset: start address >> 4 (bits 0-13), LBO 16 B (unused
+// with this swizzle), SBO 1024 B (eight rows), layout type 1 (128-byte swizzle). Tiles and offsets
+// are multiples of 16 bytes and shared addresses stay below 2^18, so the offset and the LBO field
+// add to the shifted base: one uniform add per product on a base shifted once per tile, where
+// adding, masking, shifting and or-ing per product took four.
 __device__ __forceinline__ uint64_t wg_descriptor(const void* smem, int byte_offset) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + byte_offset;
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(64) << 32) | (uint64_t(1) << 62);
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) >> 4;
+  const uint32_t lo = base + ((static_cast<uint32_t>(byte_offset) >> 4) + (1u << 16));
+  return (uint64_t(64u | (1u << 30)) << 32) | lo;
 }
 
 __device__ __forceinline__ int wg_acc_row(int t, int i) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i >> 1) & 1); }
