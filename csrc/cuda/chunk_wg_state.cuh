@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   // at compile time (WithNormalizer == p.normalize: launch.cuh's check_normalize_mode), so that the
   // Z products are not guarded by a branch between the fence and the commit
   constexpr bool kSumsZ = WithNormalizer;
-  if (kSumsZ) wg_fill_ones<T>(ones, tid, kTcThreads);  // read after the first step's barrier
+  if constexpr (kSumsZ) wg_fill_ones<T>(ones, tid, kTcThreads);  // read after the first step's barrier
   auto hold_z = [&]() {
 #pragma unroll
     for (int h = 0; h < ZT; ++h) wg_hold(Z[h]);
