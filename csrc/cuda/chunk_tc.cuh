@@ -62,10 +62,7 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
     return Info::transposed ? (state_row * K + c0 + c) * V + d : (state_row * K + d) * V + c0 + c;
   };
   // Pass-1 partial of segment j of this block's (sequence, tile, kv head): S as [d][c], then z.
-  auto partial_at = [&](int j) {
-    const int64_t N = gridDim.x / tiles / split.segments;
-    return split.partial + (((int64_t(j) * N + n) * Hkv + g) * tiles + tile) * tc_partial_floats<DI>();
-  };
+  auto partial_at = [&](int j) { return split.partial_at(j, n, g, Hkv, tiles, tile, tc_partial_floats<DI>()); };
   const int earlier = split.state_only ? 0 : seg;  // partials that precede this segment
   // f(x, d, c) for every state element x = S[d][c] this thread holds.
   float S[KT][NT][4];

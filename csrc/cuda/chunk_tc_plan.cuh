@@ -84,6 +84,15 @@ struct TcSplit {
   int seg_chunks = 1 << 30;  // chunks per segment, in sweep order
   bool state_only = false;
   float* partial = nullptr;  // [segments][N][Hkv][tiles][tc_partial_floats] (chunk_wg: WgLayout's)
+
+  // Segment j's partial of the block of sequence n, kv head g and output tile `tile` of `tiles`, in
+  // launch_sweep's grid (sequences x segments x tiles, kv heads): where pass 1 writes it and pass 2
+  // reads it.
+  __device__ __forceinline__ float* partial_at(int j, int64_t n, int64_t g, int64_t Hkv, int tiles, int tile,
+                                               int64_t floats) const {
+    const int64_t N = gridDim.x / tiles / segments;
+    return partial + (((int64_t(j) * N + n) * Hkv + g) * tiles + tile) * floats;
+  }
 };
 
 // Output tiles of a sweep: the den role has none (one block per (sequence, kv head)).

@@ -67,10 +67,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   auto mat_index = [&](int d, int c) {
     return Info::transposed ? (state_row * K + c0 + c) * V + d : (state_row * K + d) * V + c0 + c;
   };
-  auto partial_at = [&](int j) {
-    const int64_t N = gridDim.x / tiles / split.segments;
-    return split.partial + (((int64_t(j) * N + n) * Hkv + g) * tiles + tile) * L::partial_floats;
-  };
+  auto partial_at = [&](int j) { return split.partial_at(j, n, g, Hkv, tiles, tile, L::partial_floats); };
   // f(x, d, c) for each state element x = S[d][c] of this thread.
   float S[KT][32];
   auto for_each_state = [&](auto&& f) {

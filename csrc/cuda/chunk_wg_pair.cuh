@@ -91,10 +91,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   auto mat_index = [&](int d, int c) {
     return Info::transposed ? (state_row * K + c0 + c) * V + d : (state_row * K + d) * V + c0 + c;
   };
-  auto partial_at = [&](int j) {
-    const int64_t N = gridDim.x / tiles / split.segments;
-    return split.partial + (((int64_t(j) * N + n) * Hkv + g) * tiles + tile) * L::partial_floats;
-  };
+  auto partial_at = [&](int j) { return split.partial_at(j, n, g, Hkv, tiles, tile, L::partial_floats); };
   // This warpgroup's half of the state: S[0][i] is S[64 w + row][col] of accumulator element i.
   float S[1][32];
   auto state_dim = [&](int i) { return 64 * w + wg_acc_row(t, i); };

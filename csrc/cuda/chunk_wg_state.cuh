@@ -143,8 +143,7 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   cp_async_wait<0>();
 
   // ---- the segment's partial, in pass 2's layout ----------------------------------------------------
-  const int64_t N = gridDim.x / tiles / split.segments;
-  float* part = split.partial + (((int64_t(seg) * N + n) * Hkv + g) * tiles + tile) * WgLayout<DI>::partial_floats;
+  float* part = split.partial_at(seg, n, g, Hkv, tiles, tile, WgLayout<DI>::partial_floats);
 #pragma unroll
   for (int h = 0; h < KT; ++h)
 #pragma unroll
