@@ -15,8 +15,9 @@
 //             segment split; WgLayout); the sweeps with inner dim 128 (the forward's and dv's K,
 //             dq's and dk's V) with the default chunk size run chunk_wg_pair.cuh (two warpgroups on
 //             128-token chunks; WgPairLayout)
-//   pass 1    a split wgmma forward or dq sweep sums its segments' states on chunk_wg_state.cuh
-//             (B and Cv only, in as many stages as fit; ATTNRNN_WG_STATE_PASS=0 runs the sweep's kernel)
+//   pass 1    a split wgmma sweep sums its segments' states on chunk_wg_state.cuh (B and Cv only, in
+//             as many stages as fit; dk's with the normalizer and ATTNRNN_WG_STATE_PASS=0 run the
+//             sweep's kernel)
 //   den       with normalize, the backward's w and dd come from the forward's saved w when it is
 //             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
 //   overlap   with ATTNRNN_BWD_CONCURRENT=1 the backward's dq, dk and dv sweeps run at once (dk
@@ -81,7 +82,7 @@ Status launch_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, flo
   return check_launch(what);
 }
 
-// Whether split wgmma forward and dq sweeps take pass 1 from chunk_wg_state_kernel (default) or from
+// Whether split wgmma sweeps take pass 1 from chunk_wg_state_kernel (default; kHasWgStatePass) or from
 // their own kernel (ATTNRNN_WG_STATE_PASS=0, for measuring one against the other).
 inline bool wg_state_pass_enabled() {
   static const bool enabled = [] {
@@ -104,12 +105,12 @@ Status launch_wg_state_pass(const LinearAttnParams& p, const TcFeatures& feat, i
   return Status::kSuccess;
 }
 
-// launch_sweep for the wgmma kernels: the forward and dq sweeps with their state pass when enabled
+// launch_sweep for the wgmma kernels: with the state pass where the role has one and it is enabled
 // (BlocksPerSm: the blocks per SM of the sweep's split).
 template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer, class Kernel>
 Status launch_wg_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, float* partial, int segments,
                        int64_t tiles, const TcFeatures& feat, const char* what, int threads, int chunk) {
-  if constexpr (kHasWgStatePass<R>) {
+  if constexpr (kHasWgStatePass<R, WithNormalizer>) {
     if (wg_state_pass_enabled()) {
       auto state_pass = [&](const TcSplit& split, dim3 grid, cudaStream_t stream) {
         return launch_wg_state_pass<T, R, DI, BlocksPerSm, WithNormalizer>(p, feat, chunk, split, grid, stream, what);

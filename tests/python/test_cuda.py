@@ -301,13 +301,14 @@ def test_fused_dk_dv_sweep_agrees_with_the_two_sweeps(ar, tmp_path):
     _assert_runs_agree(FUSED_DKV_CASES, fused, apart)
 
 
-# Pass 1 of the split forward and dq sweeps on chunk_wg_state_kernel (the default) against the
-# sweeps' own kernels as pass 1 (ATTNRNN_WG_STATE_PASS=0), by the default shape rule and with every
-# sweep on 128-token chunks (mask 127): the 64-token and the 128-token forward and dq, at inner dims
-# 64 and 128, GQA, states, varlen, fp16, a feature map, both normalize modes. Both sum the state's
-# products in the same order and agree bitwise without the normalizer; with it the state pass sums z
-# on m64n8 wgmmas with a tile of ones, which the 64-token sweeps' own pass 1 does on mma.sync, and
-# everything downstream agrees within a bound.
+# Pass 1 of the split sweeps on chunk_wg_state_kernel (the default; dk's with the normalizer excepted)
+# against the sweeps' own kernels as pass 1 (ATTNRNN_WG_STATE_PASS=0), by the default shape rule and
+# with every sweep on 128-token chunks (mask 127): the 64-token and the 128-token forward, dq, dk and
+# dv and the fused dk + dv sweep, at inner dims 64 and 128, GQA (dk and dv sum over a group's heads),
+# states, varlen, fp16 (dk weighs dout instead of phi(q)), a feature map, both normalize modes. Both
+# sum the state's products in the same order and agree bitwise without the normalizer; with it the
+# state pass sums z on m64n8 wgmmas with a tile of ones, which the 64-token sweeps' own pass 1 does on
+# mma.sync, and everything downstream agrees within a bound.
 STATE_PASS_CASES = [
     Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
     Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
@@ -315,6 +316,9 @@ STATE_PASS_CASES = [
     Case(1, 3000, 2, 64, bf16, V=128, feature_map=None, normalize=False),
     Case(1, 3000, 2, 64, bf16, V=128, initial_state=True, final_state=True),
     Case(1, 4003, 2, 128, fp16, feature_map="relu", seqlens=(0, 64, 1, 3870, 68), initial_state=True, final_state=True),
+    Case(1, 5000, 4, 128, bf16, Hkv=2, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 4003, 2, 128, fp16, feature_map="relu", normalize=False, seqlens=(0, 64, 1, 3870, 68)),
+    Case(1, 3000, 4, 64, bf16, Hkv=2, feature_map=None, normalize=False),  # the fused dk + dv sweep
 ]
 
 
