@@ -9,9 +9,8 @@
 // rate at B1-T65536-H16-D128. This kernel reads only B and Cv, through WgStateLayout's stages. H200
 // there (docs/design.md, "What would get there" item 7): 131 us (4.1 TB/s of DRAM), 134 with z on
 // m64n8 wgmmas (160 with mma.sync column sums after the products); the forward 650 -> 606 us, 719 ->
-// 669 with normalize. dk and dv (reverse sweeps) sum over a group's query heads and weigh rows by w
-// (scale without the normalizer) as their sweeps do; dk's normalize pass 1 (dz, weighted by dd) stays
-// on its own kernel.
+// 669 with normalize. dk and dv without the normalizer (reverse sweeps, summing over a group's query
+// heads, rows times scale as their sweeps weigh them): 132 us, each sweep 713 -> 643 us there.
 #pragma once
 
 #include "chunk_tc_plan.cuh"
@@ -42,11 +41,12 @@ struct WgStateLayout {
   static_assert(WgLayout<DI>::partial_floats == DI * 64 + z_floats, "pass 2 reads S [DI][64], then z");
 };
 
-// The roles whose pass 1 runs here: all but dk's (and the fused dk + dv sweep's) with the normalizer,
-// whose dz sums weigh phi(q) by dd.
+// The roles whose pass 1 runs here: the forward and dq, and dk and dv without the normalizer. With it
+// dk's dz sums weigh phi(q) by dd, and dv's rows take per-token w: read per step from global memory
+// they made dv's state pass 266 us against 133 without (B1-T65536-H16-D128), no faster than its own.
 template <TcRole R, bool WithNormalizer>
-constexpr bool kHasWgStatePass = R == TcRole::kForward || R == TcRole::kGradQ || R == TcRole::kGradV ||
-                                 ((R == TcRole::kGradK || R == TcRole::kGradKV) && !WithNormalizer);
+constexpr bool kHasWgStatePass = R == TcRole::kForward || R == TcRole::kGradQ ||
+                                 ((R == TcRole::kGradK || R == TcRole::kGradV || R == TcRole::kGradKV) && !WithNormalizer);
 
 // Grid as launch_sweep's: (sequences x segments x output tiles, kv heads); chunk: the tokens per
 // chunk of pass 2 (64, or 128 for chunk_wg_pair_kernel), in which split.seg_chunks counts;
@@ -55,15 +55,17 @@ template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer>
 __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
     chunk_wg_state_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat, int chunk) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(kHasWgStatePass<R, WithNormalizer>, "dk's dz sums run on its own pass 1");
+  static_assert(kHasWgStatePass<R, WithNormalizer>, "dk's and dv's pass 1 with the normalizer run on their own kernel");
   using Info = TcRoleInfo<R>;
   using L = WgStateLayout<DI, BlocksPerSm>;
   constexpr bool kFwd = R == TcRole::kForward;
-  // dk and dv: rows times w as their sweeps weigh them (dk's phi(q) in bf16 at DI = 128, else its
-  // dout; dv's dout), in place before the products, so that the sums agree bit for bit
+  // dk and dv: rows times scale (their w without the normalizer) as their sweeps weigh them (dk's
+  // phi(q) in bf16 at DI = 128, else its dout; dv's dout), in place before the products, so that the
+  // sums agree bit for bit
   constexpr bool kWeighs = Info::group_sum;
   constexpr bool kWeighsCv = Info::dv_like || wg_dk_scales_cv<T, R, DI>;
   constexpr int C = kTcChunk, D = 64, NS = L::stages, KT = L::KT;
+  static_assert(C / 16 == 4, "wg_scale_rows: four rows per thread");
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
   unsigned char* ones = smem + NS * L::stage;
@@ -76,14 +78,19 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   const int tid = threadIdx.x;
   const Seq seq = sequence(p, n);
   const float scale = static_cast<float>(p.scale);
-  const float* ws_w = kWeighs ? BwdWorkspace::den<float>(p) : nullptr;  // w_t = s / den_t (normalize)
 
   // ---- this segment's 64-token tiles, in the order of pass 2's own pass 1 -------------------------
-  // WgSteps' (chunk, query head) pairs of pass 2's chunks (64 or 128 tokens), each chunk's tiles front
-  // to back; the forward and dq walk the chunks once (B and Cv are the kv head's: one "head", g).
-  const WgSteps walk(seq, g, kWeighs ? G : 1, chunk, split, seg);
+  // forward, dq: pass 2's chunks [ci0, ci1) front to back, 64 tokens a tile (B and Cv are the kv
+  // head's). dk, dv: WgSteps' (chunk, query head) pairs, the last chunk first, each chunk's 64-token
+  // tiles front to back, as the 128-token pass 1 sums them. (The forward on WgSteps too measured
+  // 143 us against 134 at B1-T65536-H16-D128.)
+  const int64_t nc = (seq.len + chunk - 1) / chunk;
+  const int64_t ci0 = min(nc, int64_t(seg) * split.seg_chunks), ci1 = min(nc, ci0 + split.seg_chunks);
+  const int64_t first = ci0 * chunk, end = min(seq.len, ci1 * chunk);
+  const WgSteps walk(seq, g, G, chunk, split, seg);
   const int tiles_per_chunk = chunk / C;
-  const int steps = walk.count() * tiles_per_chunk;
+  const int steps = kWeighs ? walk.count() * tiles_per_chunk
+                            : end > first ? static_cast<int>((end - first + C - 1) / C) : 0;
   struct Cursor {
     WgSteps::Walk chunk_head;
     int sub;  // the tile within the chunk
@@ -102,10 +109,17 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   auto stage = [&](int i) { return smem + (i % NS) * L::stage; };
   Cursor issued{walk.start(), 0}, current{walk.start(), 0};
   auto issue = [&](int i) {  // step i's B and Cv tiles (rows past the segment's end as zeros)
-    const WgStep s = tile_at(issued);
-    advance(issued);
-    wg_load_tiles<T>(stage(i), b_src, s.h, DI, s.t0, s.cl, tid);
-    wg_load_tiles<T>(stage(i) + KT * kWgTileBytes, c_src, s.h, D, s.t0, s.cl, tid);
+    if constexpr (kWeighs) {
+      const WgStep s = tile_at(issued);
+      advance(issued);
+      wg_load_tiles<T>(stage(i), b_src, s.h, DI, s.t0, s.cl, tid);
+      wg_load_tiles<T>(stage(i) + KT * kWgTileBytes, c_src, s.h, D, s.t0, s.cl, tid);
+    } else {
+      const int64_t t = first + int64_t(i) * C;
+      const int cl = static_cast<int>(end - t < C ? end - t : C);
+      wg_load_tiles<T>(stage(i), b_src, g, DI, seq.t0 + t, cl, tid);
+      wg_load_tiles<T>(stage(i) + KT * kWgTileBytes, c_src, g, D, seq.t0 + t, cl, tid);
+    }
   };
 
   float S[KT][32];
@@ -125,7 +139,7 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   for (int h = 0; h < ZT; ++h) Z[h][0] = Z[h][1] = Z[h][2] = Z[h][3] = 0.f;
   // at compile time (WithNormalizer == p.normalize: launch.cuh's check_normalize_mode), so that the
   // Z products are not guarded by a branch between the fence and the commit
-  constexpr bool kSumsZ = WithNormalizer && !kWeighs;
+  constexpr bool kSumsZ = WithNormalizer;
   if constexpr (kSumsZ) wg_fill_ones<T>(ones, tid, kTcThreads);  // read after the first step's barrier
   auto hold_z = [&]() {
 #pragma unroll
@@ -140,20 +154,16 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   for (int i = 0; i < steps; ++i) {
     unsigned char* Bt = stage(i);
     unsigned char* Ct = Bt + KT * kWgTileBytes;
-    [[maybe_unused]] float w[C / 16];  // the weights of the rows this thread copied, read before the wait
-    [[maybe_unused]] int cl = 0;
+    [[maybe_unused]] int cl = 0;  // the tile's valid rows (dk, dv)
     if constexpr (kWeighs) {
-      const WgStep s = tile_at(current);
+      cl = tile_at(current).cl;
       advance(current);
-      cl = s.cl;
-#pragma unroll
-      for (int j = 0; j < C / 16; ++j) {
-        const int r = tid / 8 + 16 * j;
-        w[j] = normalizes<WithNormalizer>(p) && r < s.cl ? ws_w[token_index(p, seq, s.t0 + r, s.h)] : scale;
-      }
     }
     cp_async_wait<NS - 2>();  // step i's tiles (the NS - 2 steps after it may still be in flight)
-    if constexpr (kWeighs) wg_scale_rows<T>(kWeighsCv ? Ct : Bt, kWeighsCv ? D : DI, cl, w, tid);  // own pieces
+    if constexpr (kWeighs) {  // this thread's own pieces, which the wait made visible to it
+      const float w[C / 16] = {scale, scale, scale, scale};
+      wg_scale_rows<T>(kWeighsCv ? Ct : Bt, kWeighsCv ? D : DI, cl, w, tid);
+    }
     wg_fence_shared();        // cp.async and st.shared writes before the products read them
     // Every thread's copies of step i are in, and every thread is done with step i - 1's stage
     // (its products waited for), which the loads below refill.
