@@ -21,32 +21,41 @@
 namespace attnrnn::cuda {
 
 // Shared memory of the state pass: per stage the B tiles [KT][64 tokens][64] and the Cv tile, then
-// the tile of ones [8][64] (z's column sums are products with it).
+// the tile of ones [8][64] (z's column sums are products with it). With RowWeights (dk and dv with the
+// normalizer) also per stage each thread's w of the 4 rows it copies [128][4] (cp.async with the
+// tiles: read from global memory inside the step, they made dv's state pass 266 us against 133
+// without the normalizer at B1-T65536-H16-D128) and dk's dd [64], then dk's dz [64].
 // BlocksPerSm: the blocks per SM that pass 2's segment split assumes (the 64-token pass 2: its
 // min_blocks; the 128-token pass 2: one), which this kernel runs too; it takes as many stages as fit
 // beside them: 4 at DI = 128 and 64 (two and three blocks per SM), 9 at DI = 128 with one block.
-template <int DI, int BlocksPerSm>
+template <int DI, int BlocksPerSm, bool RowWeights = false>
 struct WgStateLayout {
   static constexpr int KT = DI / 64;
   static constexpr int stage = (KT + 1) * kWgTileBytes;  // 24 KiB at DI = 128, 16 KiB at DI = 64
   static constexpr int z_floats = WgLayout<DI>::z_floats;
   static constexpr int min_blocks = BlocksPerSm;
   static constexpr int ones_bytes = 1024;
-  static constexpr int stages = static_cast<int>((228 * 1024 / BlocksPerSm - 1024 - ones_bytes) / stage);
-  static constexpr int64_t smem_bytes = int64_t(stages) * stage + ones_bytes;  // 97 / 217 / 65 KiB
+  static constexpr int w_floats = RowWeights ? kTcThreads * 4 : 0, dd_floats = RowWeights ? kTcChunk : 0;
+  static constexpr int dz_bytes = RowWeights ? 64 * 4 : 0;
+  static constexpr int stage_extra = (w_floats + dd_floats) * 4;  // floats of a stage, after the ones
+  static constexpr int stages =
+      static_cast<int>((228 * 1024 / BlocksPerSm - 1024 - ones_bytes - dz_bytes) / (stage + stage_extra));
+  static constexpr int w = 0, dd = stages * w_floats, dz = dd + stages * dd_floats;  // floats after the ones
+  static constexpr int64_t smem_bytes = int64_t(stages) * (stage + stage_extra) + ones_bytes + dz_bytes;  // 97 / 217 / 65 KiB
   static_assert(stages >= 3, "two stages of loads in flight while one is summed");
   static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
   static_assert(smem_bytes <= 227 * 1024, "a block's shared memory limit");
   static_assert(stage % 1024 == 0, "the tile of ones after the stages, 1024-byte aligned as the descriptors assume");
   static_assert(WgLayout<DI>::partial_floats == DI * 64 + z_floats, "pass 2 reads S [DI][64], then z");
 };
+template <TcRole R, int DI, int BlocksPerSm, bool WithNormalizer>
+using WgStateLayoutOf = WgStateLayout<DI, BlocksPerSm, TcRoleInfo<R>::group_sum && WithNormalizer>;
 
-// The roles whose pass 1 runs here: the forward and dq, and dk and dv without the normalizer. With it
-// dk's dz sums weigh phi(q) by dd, and dv's rows take per-token w: read per step from global memory
-// they made dv's state pass 266 us against 133 without (B1-T65536-H16-D128), no faster than its own.
+// The roles whose pass 1 runs here: all but the fused dk + dv sweep's with the normalizer (its dz sums
+// weigh its Q tile).
 template <TcRole R, bool WithNormalizer>
-constexpr bool kHasWgStatePass = R == TcRole::kForward || R == TcRole::kGradQ ||
-                                 ((R == TcRole::kGradK || R == TcRole::kGradV || R == TcRole::kGradKV) && !WithNormalizer);
+constexpr bool kHasWgStatePass = R == TcRole::kForward || R == TcRole::kGradQ || R == TcRole::kGradK ||
+                                 R == TcRole::kGradV || (R == TcRole::kGradKV && !WithNormalizer);
 
 // Grid as launch_sweep's: (sequences x segments x output tiles, kv heads); chunk: the tokens per
 // chunk of pass 2 (64, or 128 for chunk_wg_pair_kernel), in which split.seg_chunks counts;
@@ -55,20 +64,25 @@ template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer>
 __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
     chunk_wg_state_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat, int chunk) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(kHasWgStatePass<R, WithNormalizer>, "dk's and dv's pass 1 with the normalizer run on their own kernel");
+  static_assert(kHasWgStatePass<R, WithNormalizer>, "the fused dk + dv sweep's pass 1 with the normalizer runs on its own kernel");
   using Info = TcRoleInfo<R>;
-  using L = WgStateLayout<DI, BlocksPerSm>;
-  constexpr bool kFwd = R == TcRole::kForward;
-  // dk and dv: rows times scale (their w without the normalizer) as their sweeps weigh them (dk's
-  // phi(q) in bf16 at DI = 128, else its dout; dv's dout), in place before the products, so that the
-  // sums agree bit for bit
+  using L = WgStateLayoutOf<R, DI, BlocksPerSm, WithNormalizer>;
+  constexpr bool kFwd = R == TcRole::kForward, kDk = R == TcRole::kGradK;
+  // dk and dv: rows times w as their sweeps weigh them (dk's phi(q) in bf16 at DI = 128, else its
+  // dout; dv's dout), in place before the products, so that the sums agree bit for bit; w = scale
+  // without the normalizer, else w_t = s / den_t, which comes with the tiles (kRowWeights)
   constexpr bool kWeighs = Info::group_sum;
   constexpr bool kWeighsCv = Info::dv_like || wg_dk_scales_cv<T, R, DI>;
+  constexpr bool kRowWeights = kWeighs && WithNormalizer;
+  // dk with the normalizer: dz += sum_t dd_t phi(q_t) on its output columns, as its sweep sums it (dd
+  // / w against the scaled phi(q) where phi(q) takes w)
+  constexpr bool kSumsDz = kDk && WithNormalizer;
   constexpr int C = kTcChunk, D = 64, NS = L::stages, KT = L::KT;
   static_assert(C / 16 == 4, "wg_scale_rows: four rows per thread");
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
   unsigned char* ones = smem + NS * L::stage;
+  float* fl = reinterpret_cast<float*>(ones + L::ones_bytes);  // L::w, L::dd, L::dz (kRowWeights)
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads;
   const int64_t out_cols = (kFwd || Info::dv_like) ? p.head_dim_v : p.head_dim_k;
@@ -78,6 +92,8 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   const int tid = threadIdx.x;
   const Seq seq = sequence(p, n);
   const float scale = static_cast<float>(p.scale);
+  const float* ws_w = kRowWeights ? BwdWorkspace::den<float>(p) : nullptr;  // w_t = s / den_t
+  const float* ws_dd = kSumsDz ? BwdWorkspace::dd<float>(p) : nullptr;
 
   // ---- this segment's 64-token tiles, in the order of pass 2's own pass 1 -------------------------
   // forward, dq: pass 2's chunks [ci0, ci1) front to back, 64 tokens a tile (B and Cv are the kv
@@ -114,6 +130,24 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
       advance(issued);
       wg_load_tiles<T>(stage(i), b_src, s.h, DI, s.t0, s.cl, tid);
       wg_load_tiles<T>(stage(i) + KT * kWgTileBytes, c_src, s.h, D, s.t0, s.cl, tid);
+      if constexpr (kRowWeights) {  // w of this thread's rows, into its own slot (0 past the end)
+        float* slot = fl + L::w + (i % NS) * L::w_floats + 4 * tid;
+#pragma unroll
+        for (int j = 0; j < C / 16; ++j) {
+          const int r = tid / 8 + 16 * j;
+          const bool valid = r < s.cl;
+          cp_async4(slot + j, ws_w + (valid ? token_index(p, seq, s.t0 + r, s.h) : 0), valid);
+        }
+      }
+      if constexpr (kSumsDz) {  // dd of the tile's tokens, loaded as dk's sweep loads it
+        float* dd = fl + L::dd + (i % NS) * C;
+        if constexpr (kWeighsCv) {
+          wg_load_row_dd<C / 16>(dd, ws_dd, 16, s.cl, tid, p, seq, s.t0, s.h);
+        } else if (tid < C) {
+          const bool valid = tid < s.cl;
+          cp_async4(dd + tid, ws_dd + (valid ? token_index(p, seq, s.t0 + tid, s.h) : 0), valid);
+        }
+      }
     } else {
       const int64_t t = first + int64_t(i) * C;
       const int cl = static_cast<int>(end - t < C ? end - t : C);
@@ -139,8 +173,12 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   for (int h = 0; h < ZT; ++h) Z[h][0] = Z[h][1] = Z[h][2] = Z[h][3] = 0.f;
   // at compile time (WithNormalizer == p.normalize: launch.cuh's check_normalize_mode), so that the
   // Z products are not guarded by a branch between the fence and the commit
-  constexpr bool kSumsZ = WithNormalizer;
+  constexpr bool kSumsZ = WithNormalizer && !kWeighs;
   if constexpr (kSumsZ) wg_fill_ones<T>(ones, tid, kTcThreads);  // read after the first step's barrier
+  float* dz = fl + L::dz;
+  if constexpr (kSumsDz) {
+    if (tid < D) dz[tid] = 0.f;  // read by its column's writer after the first step's barrier
+  }
   auto hold_z = [&]() {
 #pragma unroll
     for (int h = 0; h < ZT; ++h) wg_hold(Z[h]);
@@ -160,7 +198,13 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
       advance(current);
     }
     cp_async_wait<NS - 2>();  // step i's tiles (the NS - 2 steps after it may still be in flight)
-    if constexpr (kWeighs) {  // this thread's own pieces, which the wait made visible to it
+    [[maybe_unused]] float* dd = fl + L::dd + (i % NS) * C;
+    if constexpr (kRowWeights) {  // this thread's own pieces and weights, which the wait made visible to it
+      const float* slot = fl + L::w + (i % NS) * L::w_floats + 4 * tid;
+      const float w[C / 16] = {slot[0], slot[1], slot[2], slot[3]};
+      wg_scale_rows<T>(kWeighsCv ? Ct : Bt, kWeighsCv ? D : DI, cl, w, tid);
+      if constexpr (kSumsDz && kWeighsCv) wg_dd_over_w(dd, w, 16, tid);  // dd / w against w phi(q)
+    } else if constexpr (kWeighs) {
       const float w[C / 16] = {scale, scale, scale, scale};
       wg_scale_rows<T>(kWeighsCv ? Ct : Bt, kWeighsCv ? D : DI, cl, w, tid);
     }
@@ -188,8 +232,10 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
     wg_wait_all();
     hold_state();
     hold_z();
+    if constexpr (kSumsDz) wg_add_column_sums<T, 1>(Ct, dd, dz, tid);  // one writer per column
   }
   cp_async_wait<0>();
+  if constexpr (kSumsDz) __syncthreads();  // dz's writers before the partial's
 
   // ---- the segment's partial, in pass 2's layout ----------------------------------------------------
   float* part = split.partial_at(seg, n, g, Hkv, tiles, tile, WgLayout<DI>::partial_floats);
@@ -203,7 +249,10 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
     for (int h = 0; h < ZT; ++h) wg_store_z(Z[h], z_part + 64 * h, tid);
   }
   static_assert(L::z_floats <= kTcThreads, "one thread per z entry");
-  if (tid < L::z_floats && (!kSumsZ || tid >= ZT * 64)) z_part[tid] = 0.f;
+  if constexpr (kSumsDz) {
+    if (tid < D) z_part[tid] = dz[tid];
+  }
+  if (tid < L::z_floats && (!(kSumsZ || kSumsDz) || tid >= ZT * 64)) z_part[tid] = 0.f;
 #elif defined(__CUDA_ARCH__)
   __trap();  // launched from an image without sm_90a code: fail loudly rather than leave partials unwritten
 #endif

@@ -98,7 +98,7 @@ template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer>
 Status launch_wg_state_pass(const LinearAttnParams& p, const TcFeatures& feat, int chunk, const TcSplit& split,
                             dim3 grid, cudaStream_t stream, const char* what) {
   auto kernel = chunk_wg_state_kernel<T, R, DI, BlocksPerSm, WithNormalizer>;
-  constexpr int64_t bytes = WgStateLayout<DI, BlocksPerSm>::smem_bytes;
+  constexpr int64_t bytes = WgStateLayoutOf<R, DI, BlocksPerSm, WithNormalizer>::smem_bytes;
   const Status s = allow_smem(kernel, bytes, what);
   if (s != Status::kSuccess) return s;
   kernel<<<grid, kTcThreads, bytes, stream>>>(p, split, feat, chunk);
