@@ -9,8 +9,9 @@
 // rate at B1-T65536-H16-D128. This kernel reads only B and Cv, through WgStateLayout's stages. H200
 // there (docs/design.md, "What would get there" item 7): 131 us (4.1 TB/s of DRAM), 134 with z on
 // m64n8 wgmmas (160 with mma.sync column sums after the products); the forward 650 -> 606 us, 719 ->
-// 669 with normalize. dk and dv without the normalizer (reverse sweeps, summing over a group's query
-// heads, rows times scale as their sweeps weigh them): 132 us, each sweep 713 -> 643 us there.
+// 669 with normalize. dk and dv (reverse sweeps, summing over a group's query heads, rows times w as
+// their sweeps weigh them): 132-134 us each, the sweeps 714 -> 642 and 712 -> 641 us there; with the
+// normalizer 204 (dk, with dz) and 162 us (dv), the sweeps 948-956 -> 862 and 818-822 -> 713 us.
 #pragma once
 
 #include "chunk_tc_plan.cuh"
@@ -98,8 +99,7 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   // ---- this segment's 64-token tiles, in the order of pass 2's own pass 1 -------------------------
   // forward, dq: pass 2's chunks [ci0, ci1) front to back, 64 tokens a tile (B and Cv are the kv
   // head's). dk, dv: WgSteps' (chunk, query head) pairs, the last chunk first, each chunk's 64-token
-  // tiles front to back, as the 128-token pass 1 sums them. (The forward on WgSteps too measured
-  // 143 us against 134 at B1-T65536-H16-D128.)
+  // tiles front to back, as the 128-token pass 1 sums them.
   const int64_t nc = (seq.len + chunk - 1) / chunk;
   const int64_t ci0 = min(nc, int64_t(seg) * split.seg_chunks), ci1 = min(nc, ci0 + split.seg_chunks);
   const int64_t first = ci0 * chunk, end = min(seq.len, ci1 * chunk);

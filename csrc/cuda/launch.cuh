@@ -16,8 +16,8 @@
 //             dq's and dk's V) with the default chunk size run chunk_wg_pair.cuh (two warpgroups on
 //             128-token chunks; WgPairLayout)
 //   pass 1    a split wgmma sweep sums its segments' states on chunk_wg_state.cuh (B and Cv only, in
-//             as many stages as fit; dk's with the normalizer and ATTNRNN_WG_STATE_PASS=0 run the
-//             sweep's kernel)
+//             as many stages as fit; the fused dk + dv sweep's with the normalizer, and every one
+//             with ATTNRNN_WG_STATE_PASS=0, runs on the sweep's kernel)
 //   den       with normalize, the backward's w and dd come from the forward's saved w when it is
 //             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
 //   overlap   with ATTNRNN_BWD_CONCURRENT=1 the backward's dq, dk and dv sweeps run at once (dk
