@@ -28,7 +28,8 @@ namespace attnrnn::cuda {
 // without the normalizer at B1-T65536-H16-D128) and dk's dd [64], then dk's dz [64].
 // BlocksPerSm: the blocks per SM that pass 2's segment split assumes (the 64-token pass 2: its
 // min_blocks; the 128-token pass 2: one), which this kernel runs too; it takes as many stages as fit
-// beside them: 4 at DI = 128 and 64 (two and three blocks per SM), 9 at DI = 128 with one block.
+// beside them: 4 at DI = 128 and 64 (two and three blocks per SM), 9 at DI = 128 with one block (8
+// with RowWeights).
 template <int DI, int BlocksPerSm, bool RowWeights = false>
 struct WgStateLayout {
   static constexpr int KT = DI / 64;
@@ -42,7 +43,8 @@ struct WgStateLayout {
   static constexpr int stages =
       static_cast<int>((228 * 1024 / BlocksPerSm - 1024 - ones_bytes - dz_bytes) / (stage + stage_extra));
   static constexpr int w = 0, dd = stages * w_floats, dz = dd + stages * dd_floats;  // floats after the ones
-  static constexpr int64_t smem_bytes = int64_t(stages) * (stage + stage_extra) + ones_bytes + dz_bytes;  // 97 / 217 / 65 KiB
+  // 97 / 217 / 65 KiB (106 / 211 / 74 with RowWeights)
+  static constexpr int64_t smem_bytes = int64_t(stages) * (stage + stage_extra) + ones_bytes + dz_bytes;
   static_assert(stages >= 3, "two stages of loads in flight while one is summed");
   static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
   static_assert(smem_bytes <= 227 * 1024, "a block's shared memory limit");

@@ -306,10 +306,10 @@ def test_fused_dk_dv_sweep_agrees_with_the_two_sweeps(ar, tmp_path):
 # default shape rule and with every sweep on 128-token chunks (mask 127): the 64-token and the
 # 128-token forward, dq, dk and dv and the fused dk + dv sweep, at inner dims 64 and 128, GQA (dk and
 # dv sum over a group's heads), states, varlen, fp16 (dk weighs dout instead of phi(q)), a feature
-# map, both normalize modes (dk's dz and the rows' w with it). Both
-# sum the state's products in the same order and agree bitwise without the normalizer; with it the
-# state pass sums z on m64n8 wgmmas with a tile of ones, which the 64-token sweeps' own pass 1 does on
-# mma.sync, and everything downstream agrees within a bound.
+# map, both normalize modes (dk's dz and the rows' w with it). Both sum the state's products in the
+# same order and agree bitwise without the normalizer; with it the state pass sums z on m64n8 wgmmas
+# with a tile of ones, which the 64-token sweeps' own pass 1 does on mma.sync, and everything
+# downstream agrees within a bound.
 STATE_PASS_CASES = [
     Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
     Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
