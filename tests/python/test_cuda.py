@@ -2,6 +2,7 @@
 2**31 elements (64-bit offsets), bad device-side values stay in bounds, and the current stream.
 Skipped without CUDA (the rest of the suite runs on CUDA too through its `device` fixture)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -334,6 +335,23 @@ def test_state_pass_agrees_with_the_sweeps_own_pass_1(ar, tmp_path, wgmma):
         if not case.normalize:
             for name in a:
                 assert torch.equal(a[name], b[name]), f"{case.id}: {name}"
+
+
+# The comparison above would pass without the state pass ever running (no split, or a launch that
+# fell back to the sweeps' own pass 1): one forward+backward at a split shape runs it for the forward,
+# dq, dk and dv (TcRole 0, 2, 3, 4 in the kernels' names), in both normalize modes.
+@pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0),
+                    reason="the wgmma sweeps and their state pass need sm_90a")
+@pytest.mark.parametrize("normalize", [False, True], ids=["unnormalized", "normalize"])
+def test_state_pass_runs_for_every_split_sweep(ar, normalize):
+    case = Case(1, 8192, 2, 128, bf16, feature_map=None, normalize=normalize)
+    inp = make_inputs(case, "cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run(ar.chunk_linear_attn, case, inp)
+        torch.cuda.synchronize()
+    roles = {int(m.group(1)) for e in prof.events() if "chunk_wg_state_kernel" in e.name
+             for m in [re.search(r"TcRole\)(\d)", e.name)] if m}
+    assert roles == {0, 2, 3, 4}, sorted(e.name for e in prof.events() if "chunk_wg" in e.name)
 
 
 # The forward at K = 128 on 128-token chunks and two warpgroups (bit 3 of ATTNRNN_TC_WGMMA, with bit 6
