@@ -201,14 +201,12 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
     }
     cp_async_wait<NS - 2>();  // step i's tiles (the NS - 2 steps after it may still be in flight)
     [[maybe_unused]] float* dd = fl + L::dd + (i % NS) * C;
-    if constexpr (kRowWeights) {  // this thread's own pieces and weights, which the wait made visible to it
+    if constexpr (kWeighs) {  // this thread's own pieces (and weights), which the wait made visible to it
       const float* slot = fl + L::w + (i % NS) * L::w_floats + 4 * tid;
-      const float w[C / 16] = {slot[0], slot[1], slot[2], slot[3]};
+      const float w[C / 16] = {kRowWeights ? slot[0] : scale, kRowWeights ? slot[1] : scale,
+                               kRowWeights ? slot[2] : scale, kRowWeights ? slot[3] : scale};
       wg_scale_rows<T>(kWeighsCv ? Ct : Bt, kWeighsCv ? D : DI, cl, w, tid);
       if constexpr (kSumsDz && kWeighsCv) wg_dd_over_w(dd, w, 16, tid);  // dd / w against w phi(q)
-    } else if constexpr (kWeighs) {
-      const float w[C / 16] = {scale, scale, scale, scale};
-      wg_scale_rows<T>(kWeighsCv ? Ct : Bt, kWeighsCv ? D : DI, cl, w, tid);
     }
     wg_fence_shared();        // cp.async and st.shared writes before the products read them
     // Every thread's copies of step i are in, and every thread is done with step i - 1's stage
