@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# A branch's whole first GPU call on nvidia-h200-x2: this tree and the OLD trees built side by side,
+# then on GPU 0 scripts/ab_forward.sh (outputs bit for bit, kernel times) and on GPU 1
+# compute-sanitizer over the chunk cases at each wgmma mask, then the CUDA test files. Everything
+# stops at LIMIT seconds from the start (what ran by then comes back), and pack_out.sh runs last.
+#   scripts/stage_gpu.sh <branch> old=main                                   (here)
+#   cd .gpu && OLD=old OUT=$OUT bash scripts/ab_suite.sh                      (the device call)
+# Knobs (defaults): KT_ARGS ("--backward --shapes B4-T8192-H16-D128,B1-T65536-H16-D128"), BITWISE (1),
+# MASKS ("63 127"), SANITIZE_TOOLS ("racecheck synccheck memcheck"), SANITIZE_K ("cuda and chunk and
+# (K128 or T2048) and not fp32"), TEST_FILES ("test_cuda.py test_numerics.py"), LIMIT (540).
+# The sanitizers run before the tests: test_cuda alone takes ~5 minutes.
+set -uo pipefail
+OLD=${OLD:?set OLD to the other trees, e.g. OLD=old}
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+deadline=$(( $(date +%s) + ${LIMIT:-540} ))
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+
+# Runs "$1" in its own process group, killed as a whole at the deadline.
+until_deadline() {
+  setsid bash -c "$1" &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      kill -TERM -- "-$pid" 2>/dev/null; sleep 2; kill -KILL -- "-$pid" 2>/dev/null
+      echo "stopped at the deadline: $1"
+      break
+    fi
+    sleep 2
+  done
+  wait "$pid" 2>/dev/null
+}
+
+trees=". $OLD"
+jobs=$(( $(nproc) / $(echo $trees | wc -w) ))
+for tree in $trees; do
+  (cd "$tree" && rm -rf build/cmake-py* && ATTNRNN_CUDA=ON ATTNRNN_BUILD_JOBS=$jobs python3 setup.py -q build_ext --inplace \
+    >"$OUT/build_$(basename "$(realpath "$tree")").log" 2>&1 || echo "build of $tree FAILED") &
+done
+wait
+echo "built in $(( $(date +%s) - deadline + ${LIMIT:-540} )) s"
+
+gpu0="CUDA_VISIBLE_DEVICES=0 OLD='$OLD' BITWISE=${BITWISE-1} OUT='$OUT' \
+  KT_ARGS='${KT_ARGS:---backward --shapes B4-T8192-H16-D128,B1-T65536-H16-D128}' bash scripts/ab_forward.sh >'$OUT/ab.log' 2>&1"
+gpu1="export CUDA_VISIBLE_DEVICES=1 SKIP_BUILD=1; for m in ${MASKS:-63 127}; do
+  ATTNRNN_TC_WGMMA=\$m OUT='$OUT/sanitize_mask'\$m SANITIZE_TOOLS='${SANITIZE_TOOLS:-racecheck synccheck memcheck}' \
+    SANITIZE_K='${SANITIZE_K:-cuda and chunk and (K128 or T2048) and not fp32}' bash scripts/gpu_suite.sh sanitize |
+    grep compute-sanitizer | sed \"s/^/mask \$m: /\"; done
+  OUT='$OUT/tests' TEST_FILES='${TEST_FILES:-test_cuda.py test_numerics.py}' bash scripts/gpu_suite.sh tests | grep '^test_'"
+until_deadline "$gpu0" &
+until_deadline "$gpu1" >"$OUT/gpu1_summary.txt" 2>&1 &
+wait
+
+{
+  cat "$OUT/ab_bitwise.txt" 2>/dev/null
+  cat "$OUT/gpu1_summary.txt"
+} | tee "$OUT/summary.txt"
+grep -v -i warn "$OUT/ab_kernel_times.txt" 2>/dev/null
+rm -f "$OUT"/outputs_*.pt  # the saved tensors: too large to come back
+OUT=$OUT bash scripts/pack_out.sh summary.txt ab_kernel_times.txt ab_bitwise.txt
