@@ -12,13 +12,7 @@ set -uo pipefail
 OLD=${OLD:?set OLD to the directory of the other tree, or several separated by spaces}
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
-for tree in $OLD; do
-  ls "$tree"/python/attnrnn/_C*.so >/dev/null 2>&1 && continue
-  log="$OUT/build_$(basename "$tree").log"
-  (cd "$tree" && ATTNRNN_CUDA=ON ATTNRNN_BUILD_JOBS=$(nproc) python3 setup.py -q build_ext --inplace >"$log" 2>&1) ||
-    { tail -20 "$log"; exit 1; }
-done
+OUT=$OUT bash scripts/build_trees.sh $OLD || exit 1
 if [ -n "${BITWISE:-}" ]; then
   for mask in 63 127; do
     for tree in $OLD "$PWD"; do

@@ -14,7 +14,6 @@ OLD=${OLD:?set OLD to the other trees, e.g. OLD=old}
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 deadline=$(( $(date +%s) + ${LIMIT:-540} ))
-if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 
 # Runs "$1" in its own process group, killed as a whole at the deadline.
 until_deadline() {
@@ -31,13 +30,7 @@ until_deadline() {
   wait "$pid" 2>/dev/null
 }
 
-trees=". $OLD"
-jobs=$(( $(nproc) / $(echo $trees | wc -w) ))
-for tree in $trees; do
-  (cd "$tree" && rm -rf build/cmake-py* && ATTNRNN_CUDA=ON ATTNRNN_BUILD_JOBS=$jobs python3 setup.py -q build_ext --inplace \
-    >"$OUT/build_$(basename "$(realpath "$tree")").log" 2>&1 || echo "build of $tree FAILED") &
-done
-wait
+OUT=$OUT bash scripts/build_trees.sh . $OLD || exit 1
 echo "built in $(( $(date +%s) - deadline + ${LIMIT:-540} )) s"
 
 gpu0="CUDA_VISIBLE_DEVICES=0 OLD='$OLD' BITWISE=${BITWISE-1} OUT='$OUT' \
