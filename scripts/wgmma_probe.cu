@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "../csrc/cuda/mma.cuh"
 #include "../csrc/cuda/wgmma.cuh"
 
 using namespace attnrnn::cuda;
