@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # A branch's whole first GPU call on nvidia-h200-x2: this tree and the OLD trees built side by side,
-# then on GPU 0 scripts/ab_forward.sh (outputs bit for bit, kernel times) and on GPU 1
-# compute-sanitizer over the chunk cases at each wgmma mask, then the CUDA test files. Everything
-# stops at LIMIT seconds from the start (what ran by then comes back), and pack_out.sh runs last.
+# then on GPU 0 scripts/ab_forward.sh (outputs bit for bit, kernel times) followed by the CUDA test
+# files, and on GPU 1 compute-sanitizer over the chunk cases at each wgmma mask. Everything stops at
+# LIMIT seconds from the start (what ran by then comes back), and pack_out.sh runs last.
 #   scripts/stage_gpu.sh <branch> old=main                                   (here)
 #   cd .gpu && OLD=old OUT=$OUT bash scripts/ab_suite.sh                      (the device call)
 # Knobs (defaults): KT_ARGS ("--backward --shapes B4-T8192-H16-D128,B1-T65536-H16-D128"), BITWISE (1),
 # MASKS ("63 127"), SANITIZE_TOOLS ("racecheck synccheck memcheck"), SANITIZE_K ("cuda and chunk and
 # (K128 or T2048) and not fp32"), TEST_FILES ("test_cuda.py test_numerics.py"), LIMIT (540).
-# The sanitizers run before the tests: test_cuda alone takes ~5 minutes.
+# With two trees (sixteenth session) the build took 71-93 s, ab_forward.sh ~2.5 minutes, the
+# sanitizers ~4.5 and test_cuda ~3.5: the tests follow ab_forward.sh rather than the sanitizers.
 set -uo pipefail
 OLD=${OLD:?set OLD to the other trees, e.g. OLD=old}
 OUT=${OUT:-$PWD/out}
@@ -33,20 +34,20 @@ until_deadline() {
 OUT=$OUT bash scripts/build_trees.sh . $OLD || exit 1
 echo "built in $(( $(date +%s) - deadline + ${LIMIT:-540} )) s"
 
-gpu0="CUDA_VISIBLE_DEVICES=0 OLD='$OLD' BITWISE=${BITWISE-1} OUT='$OUT' \
-  KT_ARGS='${KT_ARGS:---backward --shapes B4-T8192-H16-D128,B1-T65536-H16-D128}' bash scripts/ab_forward.sh >'$OUT/ab.log' 2>&1"
+gpu0="export CUDA_VISIBLE_DEVICES=0; OLD='$OLD' BITWISE=${BITWISE-1} OUT='$OUT' \
+  KT_ARGS='${KT_ARGS:---backward --shapes B4-T8192-H16-D128,B1-T65536-H16-D128}' bash scripts/ab_forward.sh >'$OUT/ab.log' 2>&1
+  SKIP_BUILD=1 OUT='$OUT/tests' TEST_FILES='${TEST_FILES:-test_cuda.py test_numerics.py}' bash scripts/gpu_suite.sh tests | grep '^test_'"
 gpu1="export CUDA_VISIBLE_DEVICES=1 SKIP_BUILD=1; for m in ${MASKS:-63 127}; do
   ATTNRNN_TC_WGMMA=\$m OUT='$OUT/sanitize_mask'\$m SANITIZE_TOOLS='${SANITIZE_TOOLS:-racecheck synccheck memcheck}' \
     SANITIZE_K='${SANITIZE_K:-cuda and chunk and (K128 or T2048) and not fp32}' bash scripts/gpu_suite.sh sanitize |
-    grep compute-sanitizer | sed \"s/^/mask \$m: /\"; done
-  OUT='$OUT/tests' TEST_FILES='${TEST_FILES:-test_cuda.py test_numerics.py}' bash scripts/gpu_suite.sh tests | grep '^test_'"
-until_deadline "$gpu0" &
+    grep compute-sanitizer | sed \"s/^/mask \$m: /\"; done"
+until_deadline "$gpu0" >"$OUT/gpu0_summary.txt" 2>&1 &
 until_deadline "$gpu1" >"$OUT/gpu1_summary.txt" 2>&1 &
 wait
 
 {
   cat "$OUT/ab_bitwise.txt" 2>/dev/null
-  cat "$OUT/gpu1_summary.txt"
+  cat "$OUT/gpu1_summary.txt" "$OUT/gpu0_summary.txt"
 } | tee "$OUT/summary.txt"
 grep -v -i warn "$OUT/ab_kernel_times.txt" 2>/dev/null
 rm -f "$OUT"/outputs_*.pt  # the saved tensors: too large to come back
