@@ -69,14 +69,20 @@ __device__ __forceinline__ void group_of_8(float (&acc)[kAcc<K>], const unsigned
   }
 }
 
+// The block's tiles filled with words alternating between even_word and odd_word, made visible to
+// the tensor cores.
+__device__ __forceinline__ void fill_tiles(unsigned char* tiles, uint32_t even_word, uint32_t odd_word) {
+  for (int e = threadIdx.x; e < kTiles * kWgTileBytes / 4; e += blockDim.x)
+    reinterpret_cast<uint32_t*>(tiles)[e] = (e & 1) ? odd_word : even_word;
+  wg_fence_shared();
+  __syncthreads();
+}
+
 // W warpgroups, each kRateGroups groups of 8 with two in flight; thread 0 of each warpgroup writes its cycles.
 template <Kind K>
 __global__ void __launch_bounds__(128 * kMaxWarpgroups<K>, 1) rate_kernel(long long* cycles, float* sink) {
   __shared__ __align__(1024) unsigned char tiles[kTiles * kWgTileBytes];
-  for (int e = threadIdx.x; e < kTiles * kWgTileBytes / 4; e += blockDim.x)
-    reinterpret_cast<uint32_t*>(tiles)[e] = 0x3c003c00u * (e & 1);  // small bf16 values: no infinities
-  wg_fence_shared();
-  __syncthreads();
+  fill_tiles(tiles, 0u, 0x3c003c00u);  // small bf16 values: no infinities
   constexpr int N = kAcc<K>;
   float acc0[N], acc1[N];  // the two groups in flight accumulate into different registers
 #pragma unroll
@@ -116,9 +122,7 @@ __global__ void __launch_bounds__(128 * kMaxWarpgroups<K>, 1) rate_kernel(long l
 template <int G>
 __global__ void latency_kernel(long long* cycles, float* sink) {
   __shared__ __align__(1024) unsigned char tiles[kTiles * kWgTileBytes];
-  for (int e = threadIdx.x; e < kTiles * kWgTileBytes / 4; e += blockDim.x) reinterpret_cast<uint32_t*>(tiles)[e] = 0;
-  wg_fence_shared();
-  __syncthreads();
+  fill_tiles(tiles, 0u, 0u);
   float acc[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) acc[i] = 0.f;
@@ -139,14 +143,6 @@ __global__ void latency_kernel(long long* cycles, float* sink) {
   for (int i = 0; i < 32; ++i) s += acc[i];
   if (s == 12345.f) sink[threadIdx.x] = s;
   if (threadIdx.x == 0) cycles[blockIdx.x] = stop - start;
-}
-
-static double mean_cycles(long long* dev, int n) {
-  long long host[4 * 256];
-  cudaMemcpy(host, dev, n * sizeof(long long), cudaMemcpyDeviceToHost);
-  double sum = 0;
-  for (int i = 0; i < n; ++i) sum += double(host[i]);
-  return sum / n;
 }
 
 template <Kind K>
@@ -175,11 +171,17 @@ static void rate(const char* name, int sms, long long* cycles, float* sink) {
 
 template <int G>
 static void latency(long long* cycles, float* sink) {
+  latency_kernel<G><<<1, 128>>>(cycles, sink);  // warm-up
   latency_kernel<G><<<1, 128>>>(cycles, sink);
-  latency_kernel<G><<<1, 128>>>(cycles, sink);
-  cudaDeviceSynchronize();
+  if (cudaDeviceSynchronize() != cudaSuccess) {
+    std::printf("latency, group of %d: launch failed: %s\n", G, cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  long long span = 0;
+  cudaMemcpy(&span, cycles, sizeof(span), cudaMemcpyDeviceToHost);
+  const double per_group = double(span) / kIters;
   std::printf("latency ss64 group of %2d, one warpgroup alone: %7.1f cycles per group (%5.1f per product)\n", G,
-              mean_cycles(cycles, 1) / kIters, mean_cycles(cycles, 1) / kIters / G);
+              per_group, per_group / G);
 }
 
 int main() {
