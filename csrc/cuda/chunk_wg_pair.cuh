@@ -184,13 +184,17 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
 
   // One step of warpgroup W (a compile-time 0 or 1, so that every wgmma stage lies inside one side
   // of the branch on w: a branch inside a stage makes ptxas serialize the products, C7515).
-  auto step_of_warpgroup = [&](auto W_, const Step& s, const unsigned char* st, const Weights& wt,
+  auto step_of_warpgroup = [&](auto W_, auto update_, const Step& s, const unsigned char* st, const Weights& wt,
                                const float* dd_cols) {
     constexpr int W = decltype(W_)::value;
+    // S moves after this step: compile-time in the backward's sweeps (their epilogue runs while the
+    // update does, and a product group issued on one side of a runtime branch while another is in
+    // flight makes ptxas serialize the products, C7520), a runtime flag in the forward
+    const bool update = update_;
+    constexpr bool kEpilogueUnderUpdate = !kFwd && std::is_same_v<decltype(update_), std::true_type>;
     constexpr int b0 = Info::reverse ? W : 0, nb = Info::reverse ? L::RB - W : W + 1;  // blocks b0 .. b0 + nb - 1
     const unsigned char* Bt = st + L::b;
     const unsigned char* Ct = st + L::c;
-    const bool update = Info::group_sum || s.last;  // S moves after this step
     // S_W += B[:, dims of W]^T Cv over the chunk's 128 tokens; the forward's z of the dims of W
     // += B[:, dims of W]^T ones (its column sums)
     auto update_state = [&]() {
@@ -293,7 +297,10 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
 #pragma unroll
       for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O, pa[i][j], wg_descriptor(Ct + (b0 + i) * kWgTileBytes, 2048 * j), 1);
     wg_commit();
-    wg_wait_all();
+    // The backward's sweeps write their epilogue while the update runs (B4-T8192-H16-D128: dq, dk, dv
+    // 1.5-3.5% faster); the forward after it (7% slower in its shadow; bench/results/raw/h200_pair_reorder_ab_s16.txt).
+    if constexpr (kEpilogueUnderUpdate) update_state();
+    wg_wait<kEpilogueUnderUpdate ? 1 : 0>();  // P Cv
     wg_hold(O);
     // ---- epilogue: one output per query head, or the group's sum after its last head --------------
     auto epilogue = [&]() {
@@ -320,20 +327,23 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
         if constexpr (Info::dv_like) write(p.dv, false, p.k, one);
       }
     };
-    // The epilogue after the update, not while it runs: in its shadow the bf16 forward spilled 40 B
-    // (255 registers); the other warpgroup's products fill the gap instead. fp16's a_t . z (fp32
-    // sums, normalize) does run there.
-    auto dot_z = [&]() {
-      if constexpr (kFwdNorm && !kSplitZ) wg_row_dot_z<T, DI>(Aw, z_fp32, nullptr, t, qz);
-    };
-    if (update) {
-      update_state();
-      dot_z();
+    if constexpr (kEpilogueUnderUpdate) {
+      epilogue();
       update_done();
     } else {
-      dot_z();
+      // the forward: the update, with fp16's a_t . z (fp32 sums, normalize) in its shadow, then the epilogue
+      auto dot_z = [&]() {
+        if constexpr (kFwdNorm && !kSplitZ) wg_row_dot_z<T, DI>(Aw, z_fp32, nullptr, t, qz);
+      };
+      if (update) {
+        update_state();
+        dot_z();
+        update_done();
+      } else {
+        dot_z();
+      }
+      epilogue();
     }
-    epilogue();
   };
 
   for (int i = 0; i < NS - 1; ++i) {
@@ -364,10 +374,20 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     __syncthreads();
     if (i + NS - 1 < steps) issue(i + NS - 1);
     cp_async_commit();
+    // The forward and dq move the state after a chunk's last head, dk and dv after every head
+    // (step_of_warpgroup says why that is compile-time in the backward's sweeps).
+    auto step_as = [&](auto W_) {
+      if constexpr (kFwd)
+        step_of_warpgroup(W_, static_cast<bool>(s.last), s, st, wt, dd_cols);
+      else if (Info::group_sum || s.last)
+        step_of_warpgroup(W_, std::true_type{}, s, st, wt, dd_cols);
+      else if constexpr (!Info::group_sum)
+        step_of_warpgroup(W_, std::false_type{}, s, st, wt, dd_cols);
+    };
     if (w == 0)
-      step_of_warpgroup(std::integral_constant<int, 0>{}, s, st, wt, dd_cols);
+      step_as(std::integral_constant<int, 0>{});
     else
-      step_of_warpgroup(std::integral_constant<int, 1>{}, s, st, wt, dd_cols);
+      step_as(std::integral_constant<int, 1>{});
     __syncthreads();  // both warpgroups are done with this stage, S_hi / S_lo and z
     const bool update = Info::group_sum || s.last;
     if (update && normalizes<WithNormalizer>(p)) {

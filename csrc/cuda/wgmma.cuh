@@ -119,6 +119,9 @@ __device__ __forceinline__ void wg_mma_n8_ss(float (&d)[4], uint64_t a, uint64_t
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N of the committed groups, the latest ones, are still running.
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // Ties registers to this point, so the compiler cannot move their reads above a wait or their writes
 // below a fence (neither has register operands of its own): after wg_wait_all for the accumulators,
 // before wg_fence for the registers feeding the next products.
