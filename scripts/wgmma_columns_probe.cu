@@ -1,0 +1,314 @@
+// Does a fourth warpgroup per SM raise the chunk sweep's rate? (docs/design.md item 8: the tensor
+// cores run at their peak from one warpgroup and are busy ~37% of a step; a third 64-token block per
+// SM at DI = 128 gained ~1.3x over its own cost, but lost more to spills and a single stage.)
+// This probe times the causal linear attention forward o_t = scale q_t S_t, S_t = sum_{s <= t} k_s^T
+// v_s, bf16 [B, T, H, 128] inputs, identity map, no normalizer, T % 64 == 0, with a block per
+// (batch, head, 64 value columns) walking its chunks of 64 tokens, in two layouts:
+//   wg1-n64  one warpgroup owns the 64 columns: S [128][64] fp32 is 64 registers per thread; two
+//            blocks per SM (113 KiB of shared memory each), as the library's 64-token sweep
+//   wg2-n32  two warpgroups share the block's stages (Q, K loaded once) and own 32 columns each
+//            (m64n32k16 products for A S, P V and the update; both compute P = Q K^T): S is 32
+//            registers per thread, so two blocks per SM make four warpgroups within 128 registers
+// A step per warpgroup (P [64 x 64], its O [64 x NCOL]):
+//   P = mask(Q K^T)               8 x m64n64k16
+//   O = Q S_hi + Q S_lo + P V     16 + 4 products of n = NCOL (S as 16-bit hi + lo tiles in shared memory)
+//   S += K^T V                    8 products of n = NCOL, after the output's products
+// The NCOL = 32 operands start 64 bytes into a swizzled tile's 128-byte rows (column 32): the
+// swizzle is a function of the address, as for the K-major 32-byte steps along a row.
+// Checks o against a float64 recurrence on a few (batch, head) pairs and times each layout.
+//   nvcc -std=c++17 -gencode arch=compute_90a,code=sm_90a -O3 -Xptxas -v -o /tmp/cols scripts/wgmma_columns_probe.cu
+//   /tmp/cols [B T H]      (default: B4-T8192-H16 and B8-T8192-H16, 1 and 2 blocks per SM)
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "../csrc/cuda/mma.cuh"  // smem_addr, which wgmma.cuh uses
+#include "../csrc/cuda/wgmma.cuh"
+
+using namespace attnrnn::cuda;
+
+constexpr int kC = 64, kDI = 128, kCols = 64;  // chunk, inner dim, value columns per block
+constexpr int kStage = 5 * kWgTileBytes;       // Q [2 dim tiles], K [2 dim tiles], V [1]: 40 KiB
+constexpr int kStages = 2;
+constexpr int kSmem = kStages * kStage + 4 * kWgTileBytes;  // + S_hi, S_lo [2 dim tiles each]: 112 KiB
+
+struct Args {
+  const __nv_bfloat16 *q, *k, *v;
+  __nv_bfloat16* o;
+  int T, H;
+  float scale;
+};
+
+__device__ inline void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+
+#define PROBE_ACC16(d)                                                                                  \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),      \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define PROBE_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+
+// d (+)= A B on m64n32k16, bf16, both operands in shared memory.
+template <int TransA, int TransB>
+__device__ __forceinline__ void mma_n32_ss(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " PROBE_D16 ", %16, %17, p, 1, 1, %19, %20;\n}\n"
+               : PROBE_ACC16(d)
+               : "l"(a), "l"(b), "r"(accumulate), "n"(TransA), "n"(TransB));
+}
+// d += A B on m64n32k16, bf16, A from registers.
+template <int TransB>
+__device__ __forceinline__ void mma_n32_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " PROBE_D16
+               ", {%16, %17, %18, %19}, %20, p, 1, 1, %21;\n}\n"
+               : PROBE_ACC16(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TransB));
+}
+// The same products at n = 64 (wgmma.cuh) and n = 32 behind one name.
+template <int N, int TransA, int TransB>
+__device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (N == 64) wg_mma_ss<__nv_bfloat16, TransA, TransB>(d, a, b, accumulate);
+  else mma_n32_ss<TransA, TransB>(d, a, b, accumulate);
+}
+template <int N, int TransB>
+__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
+  if constexpr (N == 64) wg_mma_rs<__nv_bfloat16, TransB>(d, a, b, 1);
+  else mma_n32_rs<TransB>(d, a, b);
+}
+
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+template <int WGS>
+__global__ void __launch_bounds__(128 * WGS, 2) forward_kernel(const Args a) {
+  constexpr int NCOL = kCols / WGS, NACC = NCOL / 2;
+  // kStages x [Q0 Q1 K0 K1 V] (8 KiB tiles), then S_hi [2 dim tiles], S_lo [2 dim tiles]: 112 KiB
+  extern __shared__ __align__(1024) unsigned char smem[];
+  unsigned char* Sh = smem + kStages * kStage;
+  unsigned char* Sl = Sh + 2 * kWgTileBytes;
+  const int tid = threadIdx.x, t = tid % 128, col0 = (tid / 128) * NCOL;  // this warpgroup's columns
+  constexpr int tiles = kDI / kCols;  // column blocks of a head (V = 128)
+  const int blk = blockIdx.x, c0 = (blk % tiles) * kCols, h = (blk / tiles) % a.H, b = blk / tiles / a.H;
+  const int64_t row_stride = int64_t(a.H) * kDI;
+  const int64_t base = (int64_t(b) * a.T * a.H + h) * kDI;
+
+  auto issue = [&](int chunk) {  // 64 rows x (16 + 16 + 8) pieces of 16 bytes
+    unsigned char* st = smem + (chunk % kStages) * kStage;
+    for (int e = tid; e < kC * 40; e += 128 * WGS) {
+      const int r = e / 40, piece = e % 40;
+      const int64_t row = base + (int64_t(chunk) * kC + r) * row_stride;
+      if (piece < 16) cp_async16(st + wg_at(r, piece * 8), a.q + row + piece * 8);
+      else if (piece < 32) cp_async16(st + 2 * kWgTileBytes + wg_at(r, (piece - 16) * 8), a.k + row + (piece - 16) * 8);
+      else cp_async16(st + 4 * kWgTileBytes + wg_swizzled(r, (piece - 32) * 8), a.v + row + c0 + (piece - 32) * 8);
+    }
+  };
+
+  float S[2][NACC], O[NACC], P[32];
+  for (int d = 0; d < 2; ++d)
+    for (int i = 0; i < NACC; ++i) S[d][i] = 0.f;
+  auto publish_state = [&]() {  // this warpgroup's columns of S_hi, S_lo [dims][cols]
+#pragma unroll
+    for (int d = 0; d < 2; ++d)
+#pragma unroll
+      for (int i = 0; i < NACC; i += 2) {
+        const int off = d * kWgTileBytes + wg_swizzled(wg_acc_row(t, i), col0 + wg_acc_col(t, i));
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(S[d][i], S[d][i + 1]);
+        const float2 back = __bfloat1622float2(hi);
+        *reinterpret_cast<__nv_bfloat162*>(Sh + off) = hi;
+        *reinterpret_cast<__nv_bfloat162*>(Sl + off) = __floats2bfloat162_rn(S[d][i] - back.x, S[d][i + 1] - back.y);
+      }
+  };
+  publish_state();
+
+  auto along = [](int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); };  // k16 slice j of a K-major pair
+  auto down = [](int j) { return (j / 4) * kWgTileBytes + 2048 * (j % 4); };  // of an MN-major pair
+  const int chunks = a.T / kC, cols = 2 * col0;  // cols: the warpgroup's byte offset along a row
+  issue(0);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  for (int c = 0; c < chunks; ++c) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    wg_fence_shared();  // cp.async and st.shared writes, then wgmma reads
+    __syncthreads();    // the stage and the state tiles are complete; the other stage is free
+    if (c + 1 < chunks) issue(c + 1);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    const unsigned char* Q = smem + (c % kStages) * kStage;
+    const unsigned char* K = Q + 2 * kWgTileBytes;
+    const unsigned char* V = K + 2 * kWgTileBytes;
+
+    // ---- P = Q K^T, then O = Q S_hi + Q S_lo while P is masked ----
+    wg_hold(S[0]);
+    wg_hold(S[1]);
+    wg_fence();
+#pragma unroll
+    for (int j = 0; j < kDI / 16; ++j) wg_mma_ss<__nv_bfloat16, 0, 0>(P, wg_descriptor(Q, along(j)), wg_descriptor(K, along(j)), j > 0);
+    wg_commit();
+#pragma unroll
+    for (int j = 0; j < kDI / 16; ++j) mma_ss<NCOL, 0, 1>(O, wg_descriptor(Q, along(j)), wg_descriptor(Sh, down(j) + cols), j > 0);
+#pragma unroll
+    for (int j = 0; j < kDI / 16; ++j) mma_ss<NCOL, 0, 1>(O, wg_descriptor(Q, along(j)), wg_descriptor(Sl, down(j) + cols), 1);
+    wg_commit();
+    wg_wait<1>();
+    wg_hold(P);
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int i = 8 * j + 2 * q, r = wg_acc_row(t, i), col = wg_acc_col(t, i);
+        pa[j][q] = pack_bf16(col <= r ? P[i] : 0.f, col + 1 <= r ? P[i + 1] : 0.f);
+      }
+    wg_wait_all();
+    wg_hold(O);
+    wg_hold(pa);
+
+    // ---- O += P V; S += K^T V ----
+    wg_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) mma_rs<NCOL, 1>(O, pa[j], wg_descriptor(V, 2048 * j + cols));
+    wg_commit();
+#pragma unroll
+    for (int d = 0; d < 2; ++d)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        mma_ss<NCOL, 1, 1>(S[d], wg_descriptor(K, d * kWgTileBytes + 2048 * j), wg_descriptor(V, 2048 * j + cols), 1);
+    wg_commit();
+    wg_wait<1>();
+    wg_hold(O);
+
+    // ---- o of this chunk, written while the update runs ----
+#pragma unroll
+    for (int i = 0; i < NACC; i += 2) {
+      const int r = wg_acc_row(t, i), col = col0 + wg_acc_col(t, i);
+      *reinterpret_cast<__nv_bfloat162*>(a.o + base + (int64_t(c) * kC + r) * row_stride + c0 + col) =
+          __floats2bfloat162_rn(a.scale * O[i], a.scale * O[i + 1]);
+    }
+    wg_wait_all();
+    wg_hold(S[0]);
+    wg_hold(S[1]);
+    __syncthreads();  // every warpgroup's products are done with S_hi, S_lo and the stage
+    publish_state();
+  }
+}
+
+// Relative RMS error of o against a float64 recurrence on three (batch, head) pairs.
+double check(const std::vector<__nv_bfloat16>& q, const std::vector<__nv_bfloat16>& k,
+             const std::vector<__nv_bfloat16>& v, const std::vector<__nv_bfloat16>& o, int B, int T, int H, float scale) {
+  double err2 = 0, ref2 = 0;
+  const int pairs[3][2] = {{0, 0}, {B - 1, H - 1}, {B / 2, H / 2}};
+  std::vector<double> S(kDI * kDI);
+  for (const auto& bh : pairs) {
+    std::fill(S.begin(), S.end(), 0.0);
+    for (int tt = 0; tt < T; ++tt) {
+      const size_t row = ((size_t(bh[0]) * T + tt) * H + bh[1]) * kDI;
+      for (int d = 0; d < kDI; ++d) {
+        const double kd = __bfloat162float(k[row + d]);
+        for (int c = 0; c < kDI; ++c) S[d * kDI + c] += kd * double(__bfloat162float(v[row + c]));
+      }
+      for (int c = 0; c < kDI; ++c) {
+        double ref = 0;
+        for (int d = 0; d < kDI; ++d) ref += double(__bfloat162float(q[row + d])) * S[d * kDI + c];
+        ref *= scale;
+        const double got = __bfloat162float(o[row + c]);
+        err2 += (got - ref) * (got - ref);
+        ref2 += ref * ref;
+      }
+    }
+  }
+  return std::sqrt(err2 / ref2);
+}
+
+// The inputs of one shape on the host and the device, made once for both layouts.
+struct Inputs {
+  int B, T, H;
+  std::vector<__nv_bfloat16> q, k, v;
+  __nv_bfloat16 *dq, *dk, *dv, *dout;
+  size_t n;
+};
+
+Inputs make_inputs(int B, int T, int H) {
+  Inputs in{B, T, H};
+  in.n = size_t(B) * T * H * kDI;
+  std::mt19937 gen(1234 + B);
+  std::uniform_real_distribution<float> uni(0.f, 1.f);
+  std::normal_distribution<float> normal;
+  in.q.resize(in.n), in.k.resize(in.n), in.v.resize(in.n);
+  for (size_t e = 0; e < in.n; ++e) {  // positive q, k as after a feature map
+    in.q[e] = __float2bfloat16(uni(gen));
+    in.k[e] = __float2bfloat16(uni(gen));
+    in.v[e] = __float2bfloat16(0.5f * normal(gen));
+  }
+  const size_t bytes = in.n * 2;
+  cudaMalloc(&in.dq, bytes), cudaMalloc(&in.dk, bytes), cudaMalloc(&in.dv, bytes), cudaMalloc(&in.dout, bytes);
+  cudaMemcpy(in.dq, in.q.data(), bytes, cudaMemcpyHostToDevice);
+  cudaMemcpy(in.dk, in.k.data(), bytes, cudaMemcpyHostToDevice);
+  cudaMemcpy(in.dv, in.v.data(), bytes, cudaMemcpyHostToDevice);
+  return in;
+}
+
+template <int WGS>
+int run(const Inputs& in, int sms) {
+  const int B = in.B, T = in.T, H = in.H;
+  cudaMemset(in.dout, 0xff, in.n * 2);  // NaN: a row the kernel misses fails the check
+  const float scale = 1.f / 128.f;
+  const Args args{in.dq, in.dk, in.dv, in.dout, T, H, scale};
+  const int blocks = B * H * (kDI / kCols);
+  cudaFuncSetAttribute(forward_kernel<WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  int per_sm = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, forward_kernel<WGS>, 128 * WGS, kSmem);
+  forward_kernel<WGS><<<blocks, 128 * WGS, kSmem>>>(args);
+  cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) {
+    std::printf("wg%d-n%d: kernel failed: %s\n", WGS, kCols / WGS, cudaGetErrorString(err));
+    return 2;
+  }
+  std::vector<__nv_bfloat16> ho(in.n);
+  cudaMemcpy(ho.data(), in.dout, in.n * 2, cudaMemcpyDeviceToHost);
+  const double rel = check(in.q, in.k, in.v, ho, B, T, H, scale);
+
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  std::vector<float> ms(21);
+  for (float& m : ms) {
+    cudaEventRecord(e0);
+    forward_kernel<WGS><<<blocks, 128 * WGS, kSmem>>>(args);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&m, e0, e1);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double us = ms[10] * 1e3;
+  // tokens of one head's 64 columns per microsecond per SM (the unit of design.md item 8)
+  const double rate = double(blocks) * T / us / sms;
+  std::printf("wg%d-n%-2d B%d-T%d-H%d-D128: %3d blocks, %d resident per SM, kernel %7.1f us, %5.1f tokens/us per SM, "
+              "rel RMS vs float64 %.2e (%s)\n",
+              WGS, kCols / WGS, B, T, H, blocks, per_sm, us, rate, rel, rel < 8e-3 ? "ok" : "WRONG");
+  return rel < 8e-3 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  std::vector<std::array<int, 3>> shapes = {{4, 8192, 16}, {8, 8192, 16}};
+  if (argc > 3) shapes = {{std::atoi(argv[1]), std::atoi(argv[2]), std::atoi(argv[3])}};
+  int status = 0;
+  for (const auto& s : shapes) {
+    if (s[1] % kC != 0) {
+      std::printf("T must be a multiple of %d\n", kC);
+      return 2;
+    }
+    Inputs in = make_inputs(s[0], s[1], s[2]);
+    status |= run<1>(in, sms);
+    status |= run<2>(in, sms);
+    cudaFree(in.dq), cudaFree(in.dk), cudaFree(in.dv), cudaFree(in.dout);
+  }
+  return status;
+}
