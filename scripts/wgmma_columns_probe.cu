@@ -3,12 +3,15 @@
 // SM at DI = 128 gained ~1.3x over its own cost, but lost more to spills and a single stage.)
 // This probe times the causal linear attention forward o_t = scale q_t S_t, S_t = sum_{s <= t} k_s^T
 // v_s, bf16 [B, T, H, 128] inputs, identity map, no normalizer, T % 64 == 0, with a block per
-// (batch, head, 64 value columns) walking its chunks of 64 tokens, in two layouts:
-//   wg1-n64  one warpgroup owns the 64 columns: S [128][64] fp32 is 64 registers per thread; two
-//            blocks per SM (113 KiB of shared memory each), as the library's 64-token sweep
-//   wg2-n32  two warpgroups share the block's stages (Q, K loaded once) and own 32 columns each
-//            (m64n32k16 products for A S, P V and the update; both compute P = Q K^T): S is 32
-//            registers per thread, so two blocks per SM make four warpgroups within 128 registers
+// (batch, head, 64 or 128 value columns) walking its chunks of 64 tokens. The block's warpgroups
+// share its stages (Q and K loaded once per block) and own NCOL columns each; every warpgroup
+// computes P = Q K^T. Layouts wgW-nN (W warpgroups of N columns):
+//   wg1-n64  S [128][64] fp32 is 64 registers per thread; two blocks of 64 columns per SM
+//            (112 KiB of shared memory each): the library's 64-token sweep
+//   wg2-n32  32 columns each on m64n32k16 products (A S, P V, the update): S is 32 registers per
+//            thread, so two blocks of 64 columns per SM make four warpgroups within 128 registers
+//   wg2-n64  one block of 128 columns per SM (160 KiB): two warpgroups, Q and K loaded once per head
+//   wg4-n32  one block of 128 columns per SM: four warpgroups, Q and K loaded once per head
 // A step per warpgroup (P [64 x 64], its O [64 x NCOL]):
 //   P = mask(Q K^T)               8 x m64n64k16
 //   O = Q S_hi + Q S_lo + P V     16 + 4 products of n = NCOL (S as 16-bit hi + lo tiles in shared memory)
@@ -19,7 +22,9 @@
 // check sees wrong tiles, columns or masks (errors of 1e-2 and up); o's bf16 rounding (~2e-3) hides
 // what S_lo adds, which the library's tests cover.
 //   nvcc -std=c++17 -gencode arch=compute_90a,code=sm_90a -O3 -Xptxas -v -o /tmp/cols scripts/wgmma_columns_probe.cu
-//   /tmp/cols [B T H]      (default: B4-T8192-H16 and B8-T8192-H16, 1 and 2 blocks per SM)
+//   /tmp/cols [B T H]      (default: B4-T8192-H16 and B8-T8192-H16)
+// B8-T8192-H16 fills every SM in each layout (256 blocks of 64 columns, 128 of 128); at B4-T8192-H16
+// the 64-column layouts run one block per SM and the 128-column ones leave half the SMs idle.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -34,10 +39,18 @@
 
 using namespace attnrnn::cuda;
 
-constexpr int kC = 64, kDI = 128, kCols = 64;  // chunk, inner dim, value columns per block
-constexpr int kStage = 5 * kWgTileBytes;       // Q [2 dim tiles], K [2 dim tiles], V [1]: 40 KiB
-constexpr int kStages = 2;
-constexpr int kSmem = kStages * kStage + 4 * kWgTileBytes;  // + S_hi, S_lo [2 dim tiles each]: 112 KiB
+constexpr int kC = 64, kDI = 128, kStages = 2;  // chunk, inner dim (= V), stages
+
+// A block of WGS warpgroups owning NCOL value columns each: VT tiles of 64 columns.
+template <int WGS, int NCOL>
+struct Layout {
+  static constexpr int cols = WGS * NCOL, VT = cols / 64, blocks_per_head = kDI / cols;
+  static constexpr int stage = (4 + VT) * kWgTileBytes;  // Q [2 dim tiles], K [2], V [VT]: 40 / 48 KiB
+  // kStages stages, then S_hi and S_lo [2 dim tiles][VT column tiles] each: 112 / 160 KiB
+  static constexpr int smem = kStages * stage + 4 * VT * kWgTileBytes;
+  static constexpr int min_blocks = VT == 1 ? 2 : 1;
+  static_assert(cols == 64 || cols == 128, "a block owns 64 or 128 value columns");
+};
 
 struct Args {
   const __nv_bfloat16 *q, *k, *v;
@@ -80,27 +93,27 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4]
   else mma_n32_rs<TransB>(d, a, b);
 }
 
-template <int WGS>
-__global__ void __launch_bounds__(128 * WGS, 2) forward_kernel(const Args a) {
-  constexpr int NCOL = kCols / WGS, NACC = NCOL / 2;
-  // kStages x [Q0 Q1 K0 K1 V] (8 KiB tiles), then S_hi [2 dim tiles], S_lo [2 dim tiles]: 112 KiB
+template <int WGS, int NCOL>
+__global__ void __launch_bounds__(128 * WGS, Layout<WGS, NCOL>::min_blocks) forward_kernel(const Args a) {
+  using L = Layout<WGS, NCOL>;
+  constexpr int NACC = NCOL / 2, VT = L::VT, pieces = 32 + 8 * VT;  // 16-byte pieces of a chunk row
   extern __shared__ __align__(1024) unsigned char smem[];
-  unsigned char* Sh = smem + kStages * kStage;
-  unsigned char* Sl = Sh + 2 * kWgTileBytes;
+  unsigned char* Sh = smem + kStages * L::stage;  // [dim tile d][column tile] at (d VT + column tile) tiles
+  unsigned char* Sl = Sh + 2 * VT * kWgTileBytes;
   const int tid = threadIdx.x, t = tid % 128, col0 = (tid / 128) * NCOL;  // this warpgroup's columns
-  constexpr int tiles = kDI / kCols;  // column blocks of a head (V = 128)
-  const int blk = blockIdx.x, c0 = (blk % tiles) * kCols, h = (blk / tiles) % a.H, b = blk / tiles / a.H;
+  const int blk = blockIdx.x, c0 = (blk % L::blocks_per_head) * L::cols;
+  const int h = (blk / L::blocks_per_head) % a.H, b = blk / L::blocks_per_head / a.H;
   const int64_t row_stride = int64_t(a.H) * kDI;
   const int64_t base = (int64_t(b) * a.T * a.H + h) * kDI;
 
-  auto issue = [&](int chunk) {  // 64 rows x (16 + 16 + 8) pieces of 16 bytes
-    unsigned char* st = smem + (chunk % kStages) * kStage;
-    for (int e = tid; e < kC * 40; e += 128 * WGS) {
-      const int r = e / 40, piece = e % 40;
+  auto issue = [&](int chunk) {  // 64 rows x (16 + 16 + 8 VT) pieces
+    unsigned char* st = smem + (chunk % kStages) * L::stage;
+    for (int e = tid; e < kC * pieces; e += 128 * WGS) {
+      const int r = e / pieces, piece = e % pieces;
       const int64_t row = base + (int64_t(chunk) * kC + r) * row_stride;
       if (piece < 16) cp_async16(st + wg_at(r, piece * 8), a.q + row + piece * 8, true);
       else if (piece < 32) cp_async16(st + 2 * kWgTileBytes + wg_at(r, (piece - 16) * 8), a.k + row + (piece - 16) * 8, true);
-      else cp_async16(st + 4 * kWgTileBytes + wg_swizzled(r, (piece - 32) * 8), a.v + row + c0 + (piece - 32) * 8, true);
+      else cp_async16(st + 4 * kWgTileBytes + wg_at(r, (piece - 32) * 8), a.v + row + c0 + (piece - 32) * 8, true);
     }
   };
 
@@ -112,7 +125,7 @@ __global__ void __launch_bounds__(128 * WGS, 2) forward_kernel(const Args a) {
     for (int d = 0; d < 2; ++d)
 #pragma unroll
       for (int i = 0; i < NACC; i += 2) {
-        const int off = d * kWgTileBytes + wg_swizzled(wg_acc_row(t, i), col0 + wg_acc_col(t, i));
+        const int off = d * VT * kWgTileBytes + wg_at(wg_acc_row(t, i), col0 + wg_acc_col(t, i));
         const __nv_bfloat162 hi = __floats2bfloat162_rn(S[d][i], S[d][i + 1]);
         const float2 back = __bfloat1622float2(hi);
         *reinterpret_cast<__nv_bfloat162*>(Sh + off) = hi;
@@ -121,9 +134,10 @@ __global__ void __launch_bounds__(128 * WGS, 2) forward_kernel(const Args a) {
   };
   publish_state();
 
-  auto along = [](int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); };  // k16 slice j of a K-major pair
-  auto down = [](int j) { return (j / 4) * kWgTileBytes + 2048 * (j % 4); };  // of an MN-major pair
-  const int chunks = a.T / kC, cols = 2 * col0;  // cols: the warpgroup's byte offset along a row
+  auto along = [](int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); };  // k16 slice j of Q's or K's dims
+  auto down = [](int j) { return (j / 4) * VT * kWgTileBytes + 2048 * (j % 4); };  // of S's dims
+  // this warpgroup's columns in a row of 64-column tiles: its tile, then 0 or 64 bytes into the rows
+  const int chunks = a.T / kC, col_bytes = (col0 / 64) * kWgTileBytes + 2 * (col0 % 64);
   issue(0);
   cp_async_commit();
   for (int c = 0; c < chunks; ++c) {
@@ -132,7 +146,7 @@ __global__ void __launch_bounds__(128 * WGS, 2) forward_kernel(const Args a) {
     __syncthreads();    // the stage and the state tiles are complete; the other stage is free
     if (c + 1 < chunks) issue(c + 1);
     cp_async_commit();
-    const unsigned char* Q = smem + (c % kStages) * kStage;
+    const unsigned char* Q = smem + (c % kStages) * L::stage;
     const unsigned char* K = Q + 2 * kWgTileBytes;
     const unsigned char* V = K + 2 * kWgTileBytes;
 
@@ -144,9 +158,9 @@ __global__ void __launch_bounds__(128 * WGS, 2) forward_kernel(const Args a) {
     for (int j = 0; j < kDI / 16; ++j) wg_mma_ss<__nv_bfloat16, 0, 0>(P, wg_descriptor(Q, along(j)), wg_descriptor(K, along(j)), j > 0);
     wg_commit();
 #pragma unroll
-    for (int j = 0; j < kDI / 16; ++j) mma_ss<NCOL, 0, 1>(O, wg_descriptor(Q, along(j)), wg_descriptor(Sh, down(j) + cols), j > 0);
+    for (int j = 0; j < kDI / 16; ++j) mma_ss<NCOL, 0, 1>(O, wg_descriptor(Q, along(j)), wg_descriptor(Sh, down(j) + col_bytes), j > 0);
 #pragma unroll
-    for (int j = 0; j < kDI / 16; ++j) mma_ss<NCOL, 0, 1>(O, wg_descriptor(Q, along(j)), wg_descriptor(Sl, down(j) + cols), 1);
+    for (int j = 0; j < kDI / 16; ++j) mma_ss<NCOL, 0, 1>(O, wg_descriptor(Q, along(j)), wg_descriptor(Sl, down(j) + col_bytes), 1);
     wg_commit();
     wg_wait<1>();
     wg_hold(P);
@@ -165,13 +179,13 @@ __global__ void __launch_bounds__(128 * WGS, 2) forward_kernel(const Args a) {
     // ---- O += P V; S += K^T V ----
     wg_fence();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) mma_rs<NCOL, 1>(O, pa[j], wg_descriptor(V, 2048 * j + cols));
+    for (int j = 0; j < 4; ++j) mma_rs<NCOL, 1>(O, pa[j], wg_descriptor(V, 2048 * j + col_bytes));
     wg_commit();
 #pragma unroll
     for (int d = 0; d < 2; ++d)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        mma_ss<NCOL, 1, 1>(S[d], wg_descriptor(K, d * kWgTileBytes + 2048 * j), wg_descriptor(V, 2048 * j + cols), 1);
+        mma_ss<NCOL, 1, 1>(S[d], wg_descriptor(K, d * kWgTileBytes + 2048 * j), wg_descriptor(V, 2048 * j + col_bytes), 1);
     wg_commit();
     wg_wait<1>();
     wg_hold(O);
@@ -246,22 +260,24 @@ Inputs make_inputs(int B, int T, int H) {
   return in;
 }
 
-template <int WGS>
+template <int WGS, int NCOL>
 int run(const Inputs& in, int sms) {
+  using L = Layout<WGS, NCOL>;
+  auto kernel = forward_kernel<WGS, NCOL>;
   const int B = in.B, T = in.T, H = in.H;
   cudaMemset(in.dout, 0xff, in.n * 2);  // NaN: a row the kernel misses fails the check
   const float scale = 1.f / 128.f;
   const Args args{in.dq, in.dk, in.dv, in.dout, T, H, scale};
-  const int blocks = B * H * (kDI / kCols);
-  cudaFuncSetAttribute(forward_kernel<WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  cudaFuncSetAttribute(forward_kernel<WGS>, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  const int blocks = B * H * L::blocks_per_head;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::smem);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   int per_sm = 0;  // blocks an SM can hold; the grid may give it fewer
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, forward_kernel<WGS>, 128 * WGS, kSmem);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128 * WGS, L::smem);
   per_sm = std::min(per_sm, (blocks + sms - 1) / sms);
-  forward_kernel<WGS><<<blocks, 128 * WGS, kSmem>>>(args);
+  kernel<<<blocks, 128 * WGS, L::smem>>>(args);
   cudaError_t err = cudaDeviceSynchronize();
   if (err != cudaSuccess) {
-    std::printf("wg%d-n%d: kernel failed: %s\n", WGS, kCols / WGS, cudaGetErrorString(err));
+    std::printf("wg%d-n%d: kernel failed: %s\n", WGS, NCOL, cudaGetErrorString(err));
     return 2;
   }
   std::vector<__nv_bfloat16> ho(in.n);
@@ -273,23 +289,24 @@ int run(const Inputs& in, int sms) {
   std::vector<float> ms(21);
   for (float& m : ms) {
     cudaEventRecord(e0);
-    forward_kernel<WGS><<<blocks, 128 * WGS, kSmem>>>(args);
+    kernel<<<blocks, 128 * WGS, L::smem>>>(args);
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     cudaEventElapsedTime(&m, e0, e1);
   }
   cudaEventDestroy(e0), cudaEventDestroy(e1);
   if ((err = cudaGetLastError()) != cudaSuccess) {
-    std::printf("wg%d-n%d: a timed launch failed: %s\n", WGS, kCols / WGS, cudaGetErrorString(err));
+    std::printf("wg%d-n%d: a timed launch failed: %s\n", WGS, NCOL, cudaGetErrorString(err));
     return 2;
   }
   std::sort(ms.begin(), ms.end());
   const double us = ms[10] * 1e3;
-  // tokens of one head's 64 columns per microsecond per SM (the unit of design.md item 8)
-  const double rate = double(blocks) * T / us / sms;
-  std::printf("wg%d-n%-2d B%d-T%d-H%d-D128: %3d blocks, %d per SM, kernel %7.1f us, %5.1f tokens/us per SM, "
+  // tokens of one head's 64 columns per microsecond per busy SM (the unit of design.md item 8)
+  const int busy = std::min(sms, blocks);
+  const double rate = double(blocks) * L::VT * T / us / busy;
+  std::printf("wg%d-n%-2d B%d-T%d-H%d-D128: %3d blocks, %d per SM on %3d SMs, kernel %7.1f us, %5.1f tokens/us per SM, "
               "rel RMS vs float64 %.2e (%s)\n",
-              WGS, kCols / WGS, B, T, H, blocks, per_sm, us, rate, rel, rel < 8e-3 ? "ok" : "WRONG");
+              WGS, NCOL, B, T, H, blocks, per_sm, busy, us, rate, rel, rel < 8e-3 ? "ok" : "WRONG");
   return rel < 8e-3 ? 0 : 1;
 }
 
@@ -305,8 +322,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     Inputs in = make_inputs(s[0], s[1], s[2]);
-    status |= run<1>(in, sms);
-    status |= run<2>(in, sms);
+    status |= run<1, 64>(in, sms);
+    status |= run<2, 32>(in, sms);
+    status |= run<2, 64>(in, sms);
+    status |= run<4, 32>(in, sms);
     cudaFree(in.dq), cudaFree(in.dk), cudaFree(in.dv), cudaFree(in.dout);
   }
   return status;
