@@ -22,7 +22,7 @@
 // check sees wrong tiles, columns or masks (errors of 1e-2 and up); o's bf16 rounding (~2e-3) hides
 // what S_lo adds, which the library's tests cover.
 //   nvcc -std=c++17 -gencode arch=compute_90a,code=sm_90a -O3 -Xptxas -v -o /tmp/cols scripts/wgmma_columns_probe.cu
-//   /tmp/cols [B T H]      (default: B4-T8192-H16 and B8-T8192-H16)
+//   /tmp/cols [B T H [LAYOUT]]      (default: B4-T8192-H16 and B8-T8192-H16, every layout)
 // B8-T8192-H16 fills every SM in each layout (256 blocks of 64 columns, 128 of 128); at B4-T8192-H16
 // the 64-column layouts run one block per SM and the 128-column ones leave half the SMs idle.
 #include <algorithm>
@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "../csrc/cuda/mma.cuh"  // smem_addr, which wgmma.cuh uses
@@ -315,6 +316,8 @@ int main(int argc, char** argv) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   std::vector<std::array<int, 3>> shapes = {{4, 8192, 16}, {8, 8192, 16}};
   if (argc > 3) shapes = {{std::atoi(argv[1]), std::atoi(argv[2]), std::atoi(argv[3])}};
+  const std::string only = argc > 4 ? argv[4] : "";  // one layout, e.g. for ncu
+  auto wanted = [&](const char* layout) { return only.empty() || only == layout; };
   int status = 0;
   for (const auto& s : shapes) {
     if (s[1] <= 0 || s[1] % kC != 0) {
@@ -322,10 +325,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     Inputs in = make_inputs(s[0], s[1], s[2]);
-    status |= run<1, 64>(in, sms);
-    status |= run<2, 32>(in, sms);
-    status |= run<2, 64>(in, sms);
-    status |= run<4, 32>(in, sms);
+    if (wanted("wg1-n64")) status |= run<1, 64>(in, sms);
+    if (wanted("wg2-n32")) status |= run<2, 32>(in, sms);
+    if (wanted("wg2-n64")) status |= run<2, 64>(in, sms);
+    if (wanted("wg4-n32")) status |= run<4, 32>(in, sms);
     cudaFree(in.dq), cudaFree(in.dk), cudaFree(in.dv), cudaFree(in.dout);
   }
   return status;
