@@ -376,10 +376,11 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     cp_async_commit();
     // The forward and dq move the state after a chunk's last head, dk and dv after every head
     // (step_of_warpgroup says why that is compile-time in the backward's sweeps).
+    const bool update = Info::group_sum || s.last;
     auto step_as = [&](auto W_) {
       if constexpr (kFwd)
-        step_of_warpgroup(W_, static_cast<bool>(s.last), s, st, wt, dd_cols);
-      else if (Info::group_sum || s.last)
+        step_of_warpgroup(W_, update, s, st, wt, dd_cols);
+      else if (update)
         step_of_warpgroup(W_, std::true_type{}, s, st, wt, dd_cols);
       else if constexpr (!Info::group_sum)
         step_of_warpgroup(W_, std::false_type{}, s, st, wt, dd_cols);
@@ -389,7 +390,6 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     else
       step_as(std::integral_constant<int, 1>{});
     __syncthreads();  // both warpgroups are done with this stage, S_hi / S_lo and z
-    const bool update = Info::group_sum || s.last;
     if (update && normalizes<WithNormalizer>(p)) {
       if constexpr (kDq || kDk) {
         // dq: z += colsum Cv; dk: dz += sum_t dd_t Cv_t; on the output columns, one writer per column
