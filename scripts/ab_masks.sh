@@ -13,7 +13,6 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 if [ -z "${ENVS:-}" ]; then
-  ENVS=""
   for m in ${MASKS:-7 63}; do ENVS="${ENVS:+$ENVS;}ATTNRNN_TC_WGMMA=$m"; done
 fi
 IFS=';' read -r -a settings <<<"$ENVS"
@@ -27,7 +26,7 @@ for run in 1 2; do
 done | tee -a "$OUT/ab_masks.txt"
 if [ "${SWEEP:-1}" != 0 ]; then
   for setting in "${settings[@]}"; do
-    env $setting python3 scripts/tc_sweep.py --out "$OUT/sweep_$(label_of "$setting").json" 2>&1 |
-      sed "s/^/$(label_of "$setting") per call /"
+    label=$(label_of "$setting")
+    env $setting python3 scripts/tc_sweep.py --out "$OUT/sweep_$label.json" 2>&1 | sed "s/^/$label per call /"
   done | tee -a "$OUT/ab_masks.txt"
 fi
