@@ -94,10 +94,13 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4]
   else mma_n32_rs<TransB>(d, a, b);
 }
 
-template <int WGS, int NCOL>
+// kSerial: the library's order of a step's product groups (chunk_wg.cuh): P waited for before A S is
+// issued, P V waited for before the update; otherwise A S is issued right behind P and the update
+// right behind P V, each pair in flight together.
+template <int WGS, int NCOL, bool kSerial = false>
 __global__ void __launch_bounds__(128 * WGS, Layout<WGS, NCOL>::min_blocks) forward_kernel(const Args a) {
   using L = Layout<WGS, NCOL>;
-  constexpr int NACC = NCOL / 2, VT = L::VT, pieces = 32 + 8 * VT;  // 16-byte pieces of a chunk row
+  constexpr int NACC = NCOL / 2, VT = L::VT;
   extern __shared__ __align__(1024) unsigned char smem[];
   unsigned char* Sh = smem + kStages * L::stage;  // [dim tile d][column tile] at (d VT + column tile) tiles
   unsigned char* Sl = Sh + 2 * VT * kWgTileBytes;
@@ -107,14 +110,27 @@ __global__ void __launch_bounds__(128 * WGS, Layout<WGS, NCOL>::min_blocks) forw
   const int64_t row_stride = int64_t(a.H) * kDI;
   const int64_t base = (int64_t(b) * a.T * a.H + h) * kDI;
 
-  auto issue = [&](int chunk) {  // 64 rows x (16 + 16 + 8 VT) pieces
+  // Each thread's 16-byte piece of a row, hoisted as in the library's loader (chunk_wg_tiles.cuh):
+  // 8 threads to a row's 64 columns, rows tid / 8 + 16 WGS j, one cp.async per 64-column tile.
+  constexpr int rows_per_pass = 16 * WGS;
+  const int piece = tid % 8;
+  const __nv_bfloat16* q0 = a.q + base + (tid / 8) * row_stride + piece * 8;
+  const __nv_bfloat16* k0 = a.k + base + (tid / 8) * row_stride + piece * 8;
+  const __nv_bfloat16* v0 = a.v + base + (tid / 8) * row_stride + c0 + piece * 8;
+  auto issue = [&](int chunk) {
     unsigned char* st = smem + (chunk % kStages) * L::stage;
-    for (int e = tid; e < kC * pieces; e += 128 * WGS) {
-      const int r = e / pieces, piece = e % pieces;
-      const int64_t row = base + (int64_t(chunk) * kC + r) * row_stride;
-      if (piece < 16) cp_async16(st + wg_at(r, piece * 8), a.q + row + piece * 8, true);
-      else if (piece < 32) cp_async16(st + 2 * kWgTileBytes + wg_at(r, (piece - 16) * 8), a.k + row + (piece - 16) * 8, true);
-      else cp_async16(st + 4 * kWgTileBytes + wg_at(r, (piece - 32) * 8), a.v + row + c0 + (piece - 32) * 8, true);
+    const int64_t at = int64_t(chunk) * kC * row_stride;
+#pragma unroll
+    for (int j = 0; j < kC / rows_per_pass; ++j) {
+      const int r = tid / 8 + rows_per_pass * j;
+      const int64_t off = at + int64_t(rows_per_pass * j) * row_stride;
+      const int in_tile = wg_at(r, piece * 8);
+#pragma unroll
+      for (int d = 0; d < 2; ++d) cp_async16(st + d * kWgTileBytes + in_tile, q0 + off + 64 * d, true);
+#pragma unroll
+      for (int d = 0; d < 2; ++d) cp_async16(st + (2 + d) * kWgTileBytes + in_tile, k0 + off + 64 * d, true);
+#pragma unroll
+      for (int d = 0; d < VT; ++d) cp_async16(st + (4 + d) * kWgTileBytes + in_tile, v0 + off + 64 * d, true);
     }
   };
 
@@ -158,6 +174,11 @@ __global__ void __launch_bounds__(128 * WGS, Layout<WGS, NCOL>::min_blocks) forw
 #pragma unroll
     for (int j = 0; j < kDI / 16; ++j) wg_mma_ss<__nv_bfloat16, 0, 0>(P, wg_descriptor(Q, along(j)), wg_descriptor(K, along(j)), j > 0);
     wg_commit();
+    if constexpr (kSerial) {
+      wg_wait_all();
+      wg_hold(P);
+      wg_fence();
+    }
 #pragma unroll
     for (int j = 0; j < kDI / 16; ++j) mma_ss<NCOL, 0, 1>(O, wg_descriptor(Q, along(j)), wg_descriptor(Sh, down(j) + col_bytes), j > 0);
 #pragma unroll
@@ -182,6 +203,11 @@ __global__ void __launch_bounds__(128 * WGS, Layout<WGS, NCOL>::min_blocks) forw
 #pragma unroll
     for (int j = 0; j < 4; ++j) mma_rs<NCOL, 1>(O, pa[j], wg_descriptor(V, 2048 * j + col_bytes));
     wg_commit();
+    if constexpr (kSerial) {
+      wg_wait_all();
+      wg_hold(O);
+      wg_fence();
+    }
 #pragma unroll
     for (int d = 0; d < 2; ++d)
 #pragma unroll
@@ -261,10 +287,10 @@ Inputs make_inputs(int B, int T, int H) {
   return in;
 }
 
-template <int WGS, int NCOL>
+template <int WGS, int NCOL, bool kSerial = false>
 int run(const Inputs& in, int sms) {
   using L = Layout<WGS, NCOL>;
-  auto kernel = forward_kernel<WGS, NCOL>;
+  auto kernel = forward_kernel<WGS, NCOL, kSerial>;
   const int B = in.B, T = in.T, H = in.H;
   cudaMemset(in.dout, 0xff, in.n * 2);  // NaN: a row the kernel misses fails the check
   const float scale = 1.f / 128.f;
@@ -305,9 +331,9 @@ int run(const Inputs& in, int sms) {
   // tokens of one head's 64 columns per microsecond per busy SM (the unit of design.md item 8)
   const int busy = std::min(sms, blocks);
   const double rate = double(blocks) * L::VT * T / us / busy;
-  std::printf("wg%d-n%-2d B%d-T%d-H%d-D128: %3d blocks, %d per SM on %3d SMs, kernel %7.1f us, %5.1f tokens/us per SM, "
+  std::printf("wg%d-n%-2d%s B%d-T%d-H%d-D128: %3d blocks, %d per SM on %3d SMs, kernel %7.1f us, %5.1f tokens/us per SM, "
               "rel RMS vs float64 %.2e (%s)\n",
-              WGS, NCOL, B, T, H, blocks, per_sm, busy, us, rate, rel, rel < 8e-3 ? "ok" : "WRONG");
+              WGS, NCOL, kSerial ? "-serial" : "", B, T, H, blocks, per_sm, busy, us, rate, rel, rel < 8e-3 ? "ok" : "WRONG");
   return rel < 8e-3 ? 0 : 1;
 }
 
@@ -326,6 +352,7 @@ int main(int argc, char** argv) {
     }
     Inputs in = make_inputs(s[0], s[1], s[2]);
     if (wanted("wg1-n64")) status |= run<1, 64>(in, sms);
+    if (wanted("wg1-n64-serial")) status |= run<1, 64, true>(in, sms);
     if (wanted("wg2-n32")) status |= run<2, 32>(in, sms);
     if (wanted("wg2-n64")) status |= run<2, 64>(in, sms);
     if (wanted("wg4-n32")) status |= run<4, 32>(in, sms);
