@@ -92,11 +92,12 @@ __device__ __forceinline__ void wg_load_tiles(unsigned char* dst, const WgSource
   const T* chunk = src.base + t0 * src.stride_t + head * src.stride_h;
   const int piece = tid % 8;
   if (cl == kTcChunk) {  // a whole chunk (every one but a sequence's last): rows 16 apart, one add each
+    const T* row0 = chunk + (tid / 8) * src.stride_t;
     const int64_t rows16 = 16 * src.stride_t;
 #pragma unroll
     for (int j = 0; j < kTcChunk / 16; ++j)
 #pragma unroll
-      for (int d0 = 0; d0 < width; d0 += 64) cp_async16(dst + wg_at(tid / 8 + 16 * j, d0 + piece * 8), chunk + j * rows16 + d0, true);
+      for (int d0 = 0; d0 < width; d0 += 64) cp_async16(dst + wg_at(tid / 8 + 16 * j, d0 + piece * 8), row0 + j * rows16 + d0, true);
     return;
   }
 #pragma unroll
@@ -118,13 +119,14 @@ __device__ __forceinline__ void wg_load_pair_tiles(unsigned char* dst, const WgS
   const T* chunk = src.base + t0 * src.stride_t + head * src.stride_h;
   const int piece = tid % 8;
   if (cl == 2 * kTcChunk) {  // a whole chunk: rows 32 apart, one add each
+    const T* row0 = chunk + (tid / 8) * src.stride_t;
     const int64_t rows32 = 32 * src.stride_t;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       unsigned char* block = dst + (j / 2) * (width / 64) * kWgTileBytes;
 #pragma unroll
       for (int d0 = 0; d0 < width; d0 += 64)
-        cp_async16(block + wg_at(tid / 8 + 32 * (j % 2), d0 + piece * 8), chunk + j * rows32 + d0, true);
+        cp_async16(block + wg_at(tid / 8 + 32 * (j % 2), d0 + piece * 8), row0 + j * rows32 + d0, true);
     }
     return;
   }
