@@ -8,14 +8,15 @@ set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 bin=/tmp/attnrnn_columns_probe
-nvcc -std=c++17 -gencode arch=compute_90a,code=sm_90a -O3 -Xptxas -v -o "$bin" scripts/wgmma_columns_probe.cu \
+nvcc -std=c++17 -gencode arch=compute_90a,code=sm_90a -O3 -Xptxas -v --expt-relaxed-constexpr -DATTNRNN_WITH_CUDA \
+  -DATTNRNN_WGMMA -I include -I csrc -I csrc/core -o "$bin" scripts/wgmma_columns_probe.cu \
   >"$OUT/columns_probe_build.txt" 2>&1 || { tail -20 "$OUT/columns_probe_build.txt"; exit 1; }
 grep -E "registers|spill" "$OUT/columns_probe_build.txt"
 "$bin" | tee "$OUT/columns_probe.txt"
 stalls='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
-for layout in wg1-n64 wg2-n32 wg2-n64 wg4-n32; do
+for layout in lib wg1-n64 wg2-n32 wg2-n64 wg4-n32; do
   # launch 0 is the checked run; profile the first timed one
-  ncu --clock-control none --kernel-name regex:forward_kernel --launch-skip 1 --launch-count 1 \
+  ncu --clock-control none --kernel-name 'regex:forward_kernel|chunk_wg_kernel' --launch-skip 1 --launch-count 1 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats \
     --section WarpStateStats --section Occupancy --metrics "$stalls" \
     "$bin" 8 8192 16 "$layout" >"$OUT/ncu_$layout.txt" 2>&1

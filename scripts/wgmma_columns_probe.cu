@@ -21,8 +21,10 @@
 // Checks o against a float64 recurrence on a few (batch, head) pairs and times each layout. The
 // check sees wrong tiles, columns or masks (errors of 1e-2 and up); o's bf16 rounding (~2e-3) hides
 // what S_lo adds, which the library's tests cover.
-//   nvcc -std=c++17 -gencode arch=compute_90a,code=sm_90a -O3 -Xptxas -v -o /tmp/cols scripts/wgmma_columns_probe.cu
-//   /tmp/cols [B T H [LAYOUT]]      (default: B4-T8192-H16 and B8-T8192-H16, every layout)
+// "lib" runs the library's own 64-token forward (chunk_wg_kernel) on the same inputs, for comparison.
+//   nvcc -std=c++17 -gencode arch=compute_90a,code=sm_90a -O3 --expt-relaxed-constexpr -DATTNRNN_WITH_CUDA -DATTNRNN_WGMMA \
+//     -I include -I csrc -I csrc/core -o /tmp/cols scripts/wgmma_columns_probe.cu
+//   /tmp/cols [B T H [LAYOUT]]      (default: B4-T8192-H16 and B8-T8192-H16, every layout and lib)
 // B8-T8192-H16 fills every SM in each layout (256 blocks of 64 columns, 128 of 128); at B4-T8192-H16
 // the 64-column layouts run one block per SM and the 128-column ones leave half the SMs idle.
 #include <algorithm>
@@ -35,7 +37,8 @@
 #include <string>
 #include <vector>
 
-#include "../csrc/cuda/mma.cuh"  // smem_addr, which wgmma.cuh uses
+#include "../csrc/cuda/chunk_wg.cuh"  // the library's sweep, timed beside the layouts as "lib"
+#include "../csrc/cuda/mma.cuh"       // smem_addr, which wgmma.cuh uses
 #include "../csrc/cuda/wgmma.cuh"
 
 using namespace attnrnn::cuda;
@@ -287,24 +290,18 @@ Inputs make_inputs(int B, int T, int H) {
   return in;
 }
 
-template <int WGS, int NCOL, bool kSerial = false>
-int run(const Inputs& in, int sms) {
-  using L = Layout<WGS, NCOL>;
-  auto kernel = forward_kernel<WGS, NCOL, kSerial>;
+// Checks, times and reports one kernel; launch() runs it once over the inputs into in.dout.
+// tiles: 64-column tiles per block.
+template <class Launch>
+int measure(const std::string& name, const Inputs& in, int sms, int per_sm, int blocks, int tiles, float scale,
+            Launch launch) {
   const int B = in.B, T = in.T, H = in.H;
+  per_sm = std::min(per_sm, (blocks + sms - 1) / sms);  // blocks an SM holds, or fewer where the grid is small
   cudaMemset(in.dout, 0xff, in.n * 2);  // NaN: a row the kernel misses fails the check
-  const float scale = 1.f / 128.f;
-  const Args args{in.dq, in.dk, in.dv, in.dout, T, H, scale};
-  const int blocks = B * H * L::blocks_per_head;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::smem);
-  cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  int per_sm = 0;  // blocks an SM can hold; the grid may give it fewer
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128 * WGS, L::smem);
-  per_sm = std::min(per_sm, (blocks + sms - 1) / sms);
-  kernel<<<blocks, 128 * WGS, L::smem>>>(args);
+  launch();
   cudaError_t err = cudaDeviceSynchronize();
   if (err != cudaSuccess) {
-    std::printf("wg%d-n%d: kernel failed: %s\n", WGS, NCOL, cudaGetErrorString(err));
+    std::printf("%s: kernel failed: %s\n", name.c_str(), cudaGetErrorString(err));
     return 2;
   }
   std::vector<__nv_bfloat16> ho(in.n);
@@ -316,25 +313,65 @@ int run(const Inputs& in, int sms) {
   std::vector<float> ms(21);
   for (float& m : ms) {
     cudaEventRecord(e0);
-    kernel<<<blocks, 128 * WGS, L::smem>>>(args);
+    launch();
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     cudaEventElapsedTime(&m, e0, e1);
   }
   cudaEventDestroy(e0), cudaEventDestroy(e1);
   if ((err = cudaGetLastError()) != cudaSuccess) {
-    std::printf("wg%d-n%d: a timed launch failed: %s\n", WGS, NCOL, cudaGetErrorString(err));
+    std::printf("%s: a timed launch failed: %s\n", name.c_str(), cudaGetErrorString(err));
     return 2;
   }
   std::sort(ms.begin(), ms.end());
   const double us = ms[10] * 1e3;
   // tokens of one head's 64 columns per microsecond per busy SM (the unit of design.md item 8)
   const int busy = std::min(sms, blocks);
-  const double rate = double(blocks) * L::VT * T / us / busy;
-  std::printf("wg%d-n%-2d%s B%d-T%d-H%d-D128: %3d blocks, %d per SM on %3d SMs, kernel %7.1f us, %5.1f tokens/us per SM, "
+  const double rate = double(blocks) * tiles * T / us / busy;
+  std::printf("%s B%d-T%d-H%d-D128: %3d blocks, %d per SM on %3d SMs, kernel %7.1f us, %5.1f tokens/us per SM, "
               "rel RMS vs float64 %.2e (%s)\n",
-              WGS, NCOL, kSerial ? "-serial" : "", B, T, H, blocks, per_sm, busy, us, rate, rel, rel < 8e-3 ? "ok" : "WRONG");
+              name.c_str(), B, T, H, blocks, per_sm, busy, us, rate, rel, rel < 8e-3 ? "ok" : "WRONG");
   return rel < 8e-3 ? 0 : 1;
+}
+
+template <int WGS, int NCOL, bool kSerial = false>
+int run(const Inputs& in, int sms) {
+  using L = Layout<WGS, NCOL>;
+  auto kernel = forward_kernel<WGS, NCOL, kSerial>;
+  const float scale = 1.f / 128.f;
+  const Args args{in.dq, in.dk, in.dv, in.dout, in.T, in.H, scale};
+  const int blocks = in.B * in.H * L::blocks_per_head;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::smem);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  int per_sm = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128 * WGS, L::smem);
+  const std::string name = "wg" + std::to_string(WGS) + "-n" + std::to_string(NCOL) + (kSerial ? "-serial" : "");
+  return measure(name, in, sms, per_sm, blocks, L::VT, scale, [&] { kernel<<<blocks, 128 * WGS, L::smem>>>(args); });
+}
+
+// The library's 64-token forward sweep (chunk_wg_kernel, the kernel ATTNRNN_TC_WGMMA=7 runs at
+// D = 128) on the same inputs, one pass: grid (batch x 2 column tiles, heads), as launch_sweep makes it.
+int run_library(const Inputs& in, int sms) {
+  using namespace attnrnn;
+  using L = cuda::WgLayoutOf<cuda::TcRole::kForward, kDI>;
+  auto kernel = cuda::chunk_wg_kernel<__nv_bfloat16, cuda::TcRole::kForward, kDI, false>;
+  const float scale = 1.f / 128.f;
+  LinearAttnParams p;
+  p.device = Device::kCUDA;
+  p.dtype = DType::kBFloat16;
+  p.batch = in.B, p.seqlen = in.T, p.num_heads = p.num_kv_heads = in.H, p.head_dim_k = p.head_dim_v = kDI;
+  const int64_t sb = int64_t(in.T) * in.H * kDI, st = int64_t(in.H) * kDI, sh = kDI;
+  p.q = ConstView{in.dq, sb, st, sh};
+  p.k = ConstView{in.dk, sb, st, sh};
+  p.v = ConstView{in.dv, sb, st, sh};
+  p.o = MutView{in.dout, sb, st, sh};
+  p.scale = scale;
+  const dim3 grid(static_cast<unsigned>(in.B * kDI / 64), static_cast<unsigned>(in.H));
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::smem_bytes));
+  int per_sm = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cuda::kTcThreads, L::smem_bytes);
+  return measure("lib", in, sms, per_sm, static_cast<int>(grid.x * grid.y), 1, scale,
+                 [&] { kernel<<<grid, cuda::kTcThreads, L::smem_bytes>>>(p, cuda::TcSplit{}, cuda::TcFeatures{}); });
 }
 
 int main(int argc, char** argv) {
@@ -351,6 +388,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     Inputs in = make_inputs(s[0], s[1], s[2]);
+    if (wanted("lib")) status |= run_library(in, sms);
     if (wanted("wg1-n64")) status |= run<1, 64>(in, sms);
     if (wanted("wg1-n64-serial")) status |= run<1, 64, true>(in, sms);
     if (wanted("wg2-n32")) status |= run<2, 32>(in, sms);
