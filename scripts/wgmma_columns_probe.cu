@@ -41,6 +41,7 @@
 #include "../csrc/cuda/mma.cuh"       // smem_addr, which wgmma.cuh uses
 #include "../csrc/cuda/wgmma.cuh"
 
+using namespace attnrnn;
 using namespace attnrnn::cuda;
 
 constexpr int kC = 64, kDI = 128, kStages = 2;  // chunk, inner dim (= V), stages
@@ -61,6 +62,7 @@ struct Args {
   __nv_bfloat16* o;
   int T, H;
   float scale;
+  int group;  // variant kBranchUpdate: S moves after steps c with c % group == group - 1 (1: every step)
 };
 
 #define PROBE_ACC16(d)                                                                                  \
@@ -97,10 +99,16 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4]
   else mma_n32_rs<TransB>(d, a, b);
 }
 
-// kSerial: the library's order of a step's product groups (chunk_wg.cuh): P waited for before A S is
-// issued, P V waited for before the update; otherwise A S is issued right behind P and the update
-// right behind P V, each pair in flight together.
-template <int WGS, int NCOL, bool kSerial = false>
+// Variants of wg1-n64 toward the library's kernel (chunk_wg.cuh), bits of VAR, to find what costs it
+// ~20% against this probe on the same layout (docs/design.md item 8):
+//   kSerial       the library's order of a step's product groups: P waited for before A S is issued,
+//                 P V waited for before the update (otherwise each pair is in flight together)
+//   kLibPublish   S_hi / S_lo published by the library's wg_publish_state (stmatrix)
+//   kBranchUpdate the update and the epilogue under a runtime flag (the library's GQA: S moves after a
+//                 chunk's last head), the epilogue in both branches; with kSerial's order
+//   kLibWriter    o written by the library's wg_write_rows (row bounds, strides, feature-map switch)
+constexpr int kSerial = 1, kLibPublish = 2, kBranchUpdate = 4, kLibWriter = 8;
+template <int WGS, int NCOL, int VAR = 0>
 __global__ void __launch_bounds__(128 * WGS, Layout<WGS, NCOL>::min_blocks) forward_kernel(const Args a) {
   using L = Layout<WGS, NCOL>;
   constexpr int NACC = NCOL / 2, VT = L::VT;
@@ -141,16 +149,21 @@ __global__ void __launch_bounds__(128 * WGS, Layout<WGS, NCOL>::min_blocks) forw
   for (int d = 0; d < 2; ++d)
     for (int i = 0; i < NACC; ++i) S[d][i] = 0.f;
   auto publish_state = [&]() {  // this warpgroup's columns of S_hi, S_lo [dims][cols]
+    if constexpr ((VAR & kLibPublish) != 0) {
+      static_assert(WGS == 1 && NCOL == 64, "the library's publish is for one warpgroup of 64 columns");
+      wg_publish_state<__nv_bfloat16, 2>(S, Sh, Sl, t);
+    } else {
 #pragma unroll
-    for (int d = 0; d < 2; ++d)
+      for (int d = 0; d < 2; ++d)
 #pragma unroll
-      for (int i = 0; i < NACC; i += 2) {
-        const int off = d * VT * kWgTileBytes + wg_at(wg_acc_row(t, i), col0 + wg_acc_col(t, i));
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(S[d][i], S[d][i + 1]);
-        const float2 back = __bfloat1622float2(hi);
-        *reinterpret_cast<__nv_bfloat162*>(Sh + off) = hi;
-        *reinterpret_cast<__nv_bfloat162*>(Sl + off) = __floats2bfloat162_rn(S[d][i] - back.x, S[d][i + 1] - back.y);
-      }
+        for (int i = 0; i < NACC; i += 2) {
+          const int off = d * VT * kWgTileBytes + wg_at(wg_acc_row(t, i), col0 + wg_acc_col(t, i));
+          const __nv_bfloat162 hi = __floats2bfloat162_rn(S[d][i], S[d][i + 1]);
+          const float2 back = __bfloat1622float2(hi);
+          *reinterpret_cast<__nv_bfloat162*>(Sh + off) = hi;
+          *reinterpret_cast<__nv_bfloat162*>(Sl + off) = __floats2bfloat162_rn(S[d][i] - back.x, S[d][i + 1] - back.y);
+        }
+    }
   };
   publish_state();
 
@@ -177,7 +190,7 @@ __global__ void __launch_bounds__(128 * WGS, Layout<WGS, NCOL>::min_blocks) forw
 #pragma unroll
     for (int j = 0; j < kDI / 16; ++j) wg_mma_ss<__nv_bfloat16, 0, 0>(P, wg_descriptor(Q, along(j)), wg_descriptor(K, along(j)), j > 0);
     wg_commit();
-    if constexpr (kSerial) {
+    if constexpr ((VAR & (kSerial | kBranchUpdate)) != 0) {
       wg_wait_all();
       wg_hold(P);
       wg_fence();
@@ -206,30 +219,58 @@ __global__ void __launch_bounds__(128 * WGS, Layout<WGS, NCOL>::min_blocks) forw
 #pragma unroll
     for (int j = 0; j < 4; ++j) mma_rs<NCOL, 1>(O, pa[j], wg_descriptor(V, 2048 * j + col_bytes));
     wg_commit();
-    if constexpr (kSerial) {
+    if constexpr ((VAR & (kSerial | kBranchUpdate)) != 0) {
       wg_wait_all();
       wg_hold(O);
       wg_fence();
     }
+    auto update_state = [&]() {
 #pragma unroll
-    for (int d = 0; d < 2; ++d)
+      for (int d = 0; d < 2; ++d)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        mma_ss<NCOL, 1, 1>(S[d], wg_descriptor(K, d * kWgTileBytes + 2048 * j), wg_descriptor(V, 2048 * j + col_bytes), 1);
-    wg_commit();
-    wg_wait<1>();
-    wg_hold(O);
-
+        for (int j = 0; j < 4; ++j)
+          mma_ss<NCOL, 1, 1>(S[d], wg_descriptor(K, d * kWgTileBytes + 2048 * j), wg_descriptor(V, 2048 * j + col_bytes), 1);
+    };
     // ---- o of this chunk, written while the update runs ----
+    auto epilogue = [&]() {
+      if constexpr ((VAR & kLibWriter) != 0) {
+        const float inv[2] = {a.scale, a.scale};
+        const MutView out{a.o, int64_t(a.T) * row_stride, row_stride, kDI};
+        wg_write_rows<__nv_bfloat16>(out, O, inv, FeatureMap::kIdentity, false, ConstView{}, b, int64_t(c) * kC, kC, h,
+                                     c0 + col0, t);
+      } else {
 #pragma unroll
-    for (int i = 0; i < NACC; i += 2) {
-      const int r = wg_acc_row(t, i), col = col0 + wg_acc_col(t, i);
-      *reinterpret_cast<__nv_bfloat162*>(a.o + base + (int64_t(c) * kC + r) * row_stride + c0 + col) =
-          __floats2bfloat162_rn(a.scale * O[i], a.scale * O[i + 1]);
+        for (int i = 0; i < NACC; i += 2) {
+          const int r = wg_acc_row(t, i), col = col0 + wg_acc_col(t, i);
+          *reinterpret_cast<__nv_bfloat162*>(a.o + base + (int64_t(c) * kC + r) * row_stride + c0 + col) =
+              __floats2bfloat162_rn(a.scale * O[i], a.scale * O[i + 1]);
+        }
+      }
+    };
+    if constexpr ((VAR & kBranchUpdate) != 0) {
+      if (c % a.group == a.group - 1) {
+        wg_hold(S[0]);
+        wg_hold(S[1]);
+        wg_fence();
+        update_state();
+        wg_commit();
+        epilogue();
+        wg_wait_all();
+        wg_hold(S[0]);
+        wg_hold(S[1]);
+      } else {
+        epilogue();
+      }
+    } else {
+      update_state();
+      wg_commit();
+      wg_wait<1>();
+      wg_hold(O);
+      epilogue();
+      wg_wait_all();
+      wg_hold(S[0]);
+      wg_hold(S[1]);
     }
-    wg_wait_all();
-    wg_hold(S[0]);
-    wg_hold(S[1]);
     __syncthreads();  // every warpgroup's products are done with S_hi, S_lo and the stage
     publish_state();
   }
@@ -334,18 +375,18 @@ int measure(const std::string& name, const Inputs& in, int sms, int per_sm, int 
   return rel < 8e-3 ? 0 : 1;
 }
 
-template <int WGS, int NCOL, bool kSerial = false>
+template <int WGS, int NCOL, int VAR = 0>
 int run(const Inputs& in, int sms) {
   using L = Layout<WGS, NCOL>;
-  auto kernel = forward_kernel<WGS, NCOL, kSerial>;
+  auto kernel = forward_kernel<WGS, NCOL, VAR>;
   const float scale = 1.f / 128.f;
-  const Args args{in.dq, in.dk, in.dv, in.dout, in.T, in.H, scale};
+  const Args args{in.dq, in.dk, in.dv, in.dout, in.T, in.H, scale, 1};
   const int blocks = in.B * in.H * L::blocks_per_head;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::smem);
   cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   int per_sm = 0;
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128 * WGS, L::smem);
-  const std::string name = "wg" + std::to_string(WGS) + "-n" + std::to_string(NCOL) + (kSerial ? "-serial" : "");
+  const std::string name = "wg" + std::to_string(WGS) + "-n" + std::to_string(NCOL) + (VAR ? "-v" + std::to_string(VAR) : "");
   return measure(name, in, sms, per_sm, blocks, L::VT, scale, [&] { kernel<<<blocks, 128 * WGS, L::smem>>>(args); });
 }
 
@@ -390,7 +431,12 @@ int main(int argc, char** argv) {
     Inputs in = make_inputs(s[0], s[1], s[2]);
     if (wanted("lib")) status |= run_library(in, sms);
     if (wanted("wg1-n64")) status |= run<1, 64>(in, sms);
-    if (wanted("wg1-n64-serial")) status |= run<1, 64, true>(in, sms);
+    // the variants toward the library, one bit at a time and all together
+    if (wanted("wg1-n64-v1")) status |= run<1, 64, kSerial>(in, sms);
+    if (wanted("wg1-n64-v2")) status |= run<1, 64, kLibPublish>(in, sms);
+    if (wanted("wg1-n64-v5")) status |= run<1, 64, kSerial | kBranchUpdate>(in, sms);
+    if (wanted("wg1-n64-v8")) status |= run<1, 64, kLibWriter>(in, sms);
+    if (wanted("wg1-n64-v15")) status |= run<1, 64, kSerial | kLibPublish | kBranchUpdate | kLibWriter>(in, sms);
     if (wanted("wg2-n32")) status |= run<2, 32>(in, sms);
     if (wanted("wg2-n64")) status |= run<2, 64>(in, sms);
     if (wanted("wg4-n32")) status |= run<4, 32>(in, sms);
