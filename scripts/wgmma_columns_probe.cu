@@ -38,8 +38,8 @@
 #include <vector>
 
 #include "../csrc/cuda/chunk_wg.cuh"  // the library's sweep, timed beside the layouts as "lib"
-#include "../csrc/cuda/mma.cuh"       // smem_addr, which wgmma.cuh uses
 #include "../csrc/cuda/wgmma.cuh"
+#include "probe_timing.cuh"
 
 using namespace attnrnn;
 using namespace attnrnn::cuda;
@@ -349,23 +349,11 @@ int measure(const std::string& name, const Inputs& in, int sms, int per_sm, int 
   cudaMemcpy(ho.data(), in.dout, in.n * 2, cudaMemcpyDeviceToHost);
   const double rel = check(in.q, in.k, in.v, ho, B, T, H, scale);
 
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0), cudaEventCreate(&e1);
-  std::vector<float> ms(21);
-  for (float& m : ms) {
-    cudaEventRecord(e0);
-    launch();
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    cudaEventElapsedTime(&m, e0, e1);
-  }
-  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  const double us = median_launch_us(launch);
   if ((err = cudaGetLastError()) != cudaSuccess) {
     std::printf("%s: a timed launch failed: %s\n", name.c_str(), cudaGetErrorString(err));
     return 2;
   }
-  std::sort(ms.begin(), ms.end());
-  const double us = ms[10] * 1e3;
   // tokens of one head's 64 columns per microsecond per busy SM (the unit of design.md item 8)
   const int busy = std::min(sms, blocks);
   const double rate = double(blocks) * tiles * T / us / busy;

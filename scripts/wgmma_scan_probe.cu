@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../csrc/cuda/wgmma.cuh"
+#include "probe_timing.cuh"
 
 using namespace attnrnn::cuda;
 
@@ -185,18 +186,8 @@ int main(int argc, char** argv) {
   }
   const double rel_rms = std::sqrt(err2 / ref2);
 
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0), cudaEventCreate(&e1);
-  std::vector<float> ms(20);
-  for (float& m : ms) {
-    cudaEventRecord(e0);
-    launch();
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    cudaEventElapsedTime(&m, e0, e1);
-  }
-  std::sort(ms.begin(), ms.end());
-  std::printf("B%d-T%d-H%d-D64 bf16, %d stages: relative RMS error of o vs float64 %.2e (%s), kernel %.1f us (median of 20)\n",
-              B, T, H, NS, rel_rms, rel_rms < 8e-3 ? "ok" : "WRONG", ms[10] * 1e3);
+  const double us = median_launch_us(launch);
+  std::printf("B%d-T%d-H%d-D64 bf16, %d stages: relative RMS error of o vs float64 %.2e (%s), kernel %.1f us (median of 21)\n",
+              B, T, H, NS, rel_rms, rel_rms < 8e-3 ? "ok" : "WRONG", us);
   return rel_rms < 8e-3 ? 0 : 1;
 }
