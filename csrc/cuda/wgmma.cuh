@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "mma.cuh"  // smem_addr
+
 namespace attnrnn::cuda {
 
 constexpr int kWgTileBytes = 64 * 128;  // one 64 x 64 tile of 16-bit elements
