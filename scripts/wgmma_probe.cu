@@ -13,7 +13,6 @@
 #include <random>
 #include <vector>
 
-#include "../csrc/cuda/mma.cuh"
 #include "../csrc/cuda/wgmma.cuh"
 
 using namespace attnrnn::cuda;

@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "../csrc/cuda/mma.cuh"
 #include "../csrc/cuda/wgmma.cuh"
 
 using namespace attnrnn::cuda;
@@ -42,9 +41,6 @@ __device__ __forceinline__ void mma_ss128(float (&d)[64], uint64_t a, uint64_t b
         "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(a), "l"(b));
 }
-
-// At most one committed group still running.
-__device__ __forceinline__ void wait_all_but_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 enum class Kind { kSs64, kRs64, kSs128 };
 
@@ -100,12 +96,12 @@ __global__ void __launch_bounds__(128 * kMaxWarpgroups<K>, 1) rate_kernel(long l
     wg_fence();
     group_of_8<K>(acc1, tiles, a);
     wg_commit();
-    wait_all_but_one();
+    wg_wait<1>();
     wg_hold(acc0);
     wg_fence();
     group_of_8<K>(acc0, tiles, a);
     wg_commit();
-    wait_all_but_one();
+    wg_wait<1>();
   }
   wg_wait_all();
   wg_hold(acc0);
