@@ -77,10 +77,8 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
   };
   {
     const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
-    for_each_state([&](float& x, int d, int c) {
-      x = (Info::has_state && S0 != nullptr && !split.state_only) ? S0[mat_index(d, c)] : 0.f;
-      for (int j = 0; j < earlier; ++j) x += partial_at(j)[d * NC + c];
-    });
+    load_initial_state(for_each_state, Info::has_state && !split.state_only ? S0 : nullptr, mat_index, partial_at,
+                       earlier, NC);
   }
   if (p.normalize) {
     constexpr bool inner_z = R == TcRole::kForward || R == TcRole::kDen;

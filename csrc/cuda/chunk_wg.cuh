@@ -85,10 +85,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   // ---- initial state: S in registers, z in shared memory ---------------------------------------
   {
     const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
-    for_each_state([&](float& x, int d, int c) {
-      x = (S0 != nullptr && !split.state_only) ? S0[mat_index(d, c)] : 0.f;
-      for (int j = 0; j < earlier; ++j) x += partial_at(j)[d * D + c];
-    });
+    load_initial_state(for_each_state, split.state_only ? nullptr : S0, mat_index, partial_at, earlier, D);
   }
   // z: the forward's key sums on the inner dims; dq's key sums and dk's dz on the output columns
   constexpr int z_width = kFwd ? DI : (kDq || kDk || kDkv) ? D : 0;

@@ -100,13 +100,11 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   // ---- initial state: S in registers; z beside it (the forward) or in shared memory ------------
   {
     const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
+    auto for_each_state = [&](auto&& f) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int d = state_dim(i), c = wg_acc_col(t, i);
-      float x = (S0 != nullptr && !split.state_only) ? S0[mat_index(d, c)] : 0.f;
-      for (int j = 0; j < earlier; ++j) x += partial_at(j)[d * D + c];
-      S[0][i] = x;
-    }
+      for (int i = 0; i < 32; ++i) f(S[0][i], state_dim(i), wg_acc_col(t, i));
+    };
+    load_initial_state(for_each_state, split.state_only ? nullptr : S0, mat_index, partial_at, earlier, D);
   }
   constexpr int z_width = (kDq || kDk) ? D : 0;  // the forward keeps its z in Z (kFwdNorm)
   auto z_initial = [&](int i) {
