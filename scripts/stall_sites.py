@@ -63,13 +63,18 @@ def main():
     for r in rows:
         by_op[opcode(r[src])] += number(r[allc])
     print("samples by opcode: " + ", ".join(f"{op} {100 * n / total:.1f}%" for op, n in by_op.most_common(12)))
+    reasons = [n for n in rows[0] if n and n.startswith("stall_") and "Not Issued" not in n]
+    if reasons:
+        by_reason = collections.Counter({n[6:]: sum(number(r[n]) for r in rows) for n in reasons})
+        print("samples by reason: " + ", ".join(f"{k} {100 * n / total:.1f}%" for k, n in by_reason.most_common(10) if n))
     ranked = sorted(rows, key=lambda r: -number(r[allc]))[:top]
     cumulative = 0.0
     for r in ranked:
         share = 100 * number(r[allc]) / total
         cumulative += share
         where = r[addr] if addr else ""
-        print(f"  {where:>8} {share:5.1f}% (cum {cumulative:5.1f}%)  {r[src].strip()[:90]}")
+        why = max(reasons, key=lambda n: number(r[n]))[6:] if reasons else ""
+        print(f"  {where:>8} {share:5.1f}% (cum {cumulative:5.1f}%)  {why:>12}  {r[src].strip()[:80]}")
 
 
 if __name__ == "__main__":
