@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Where the library's sweep kernels wait: builds attnrnn (scripts/gpu_suite.sh, unless SKIP_BUILD=1),
 # then for each profile "name|kernel regex|B T H D [--backward] [--normalize]" one ncu run of
-# scripts/tc_profile.py that samples the second matching launch (the first call's is skipped) with
-# per-SASS-instruction warp-stall samples, summarized by scripts/stall_sites.py. The regex matches
+# scripts/tc_profile.py (scripts/ncu_sites.sh: the second matching launch, warp-stall samples per SASS
+# instruction, summarized by scripts/stall_sites.py). The regex matches
 # the demangled name, so a sweep's role is picked by its TcRole (0 fwd, 2 dq, 3 dk, 4 dv, 5 dk + dv).
-# Output under $OUT: profile_sweeps.txt (the summary, also on stdout), <name>.txt, <name>.sass.csv.
+# Output under $OUT: profile_sweeps.txt (the summary, also on stdout) and scripts/ncu_sites.sh's files.
 #   OUT=$OUT bash scripts/profile_sweeps.sh          (PROFILES: the normalize backward's dk and dq by default)
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -21,16 +21,6 @@ summary=$OUT/profile_sweeps.txt
 while IFS='|' read -r name regex args; do
   [ -n "$name" ] || continue
   # shellcheck disable=SC2086  # args: the shape and flags, split on purpose
-  ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$regex" --launch-skip 1 --launch-count 1 \
-    --section SourceCounters --section WarpStateStats --section LaunchStats \
-    --metrics smsp__inst_executed.sum,sm__cycles_elapsed.avg --export "$OUT/$name" --force-overwrite \
-    python3 scripts/tc_profile.py $args >"$OUT/$name.txt" 2>&1
-  ncu -i "$OUT/$name.ncu-rep" --page details >>"$OUT/$name.txt" 2>&1
-  ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/$name.sass.csv" 2>>"$OUT/$name.txt"
-  {
-    echo "== $name ($args)"
-    grep -E "^ +(Duration|Registers Per Thread|Warp Cycles Per Issued Instruction|smsp__inst_executed.sum|sm__cycles_elapsed.avg) " \
-      "$OUT/$name.txt" | sed 's/  */ /g' | sort -u
-    python3 scripts/stall_sites.py "$OUT/$name.sass.csv" 25
-  } | tee -a "$summary"
+  bash scripts/ncu_sites.sh "$OUT" "$name" "--kernel-name-base demangled --kernel-name regex:$regex" \
+    python3 scripts/tc_profile.py $args | tee -a "$summary"
 done <<<"${PROFILES:-$default_profiles}"
