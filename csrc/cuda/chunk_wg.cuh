@@ -329,8 +329,9 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         }
         const int64_t out_head = Info::group_sum ? g : s.h;
         const bool phi_used = p.feature_map != FeatureMap::kIdentity;
+        // staged through the A tile: every product that reads it is done (the update reads B and Cv)
         auto write_rows = [&](const MutView out, const float(&acc)[32], bool dphi_of, const ConstView raw_view) {
-          wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, raw_view, seq.b, s.t0, s.cl, out_head, c0, tid);
+          wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, raw_view, seq.b, s.t0, s.cl, out_head, c0, tid, At);
         };
         if constexpr (kFwd) write_rows(p.o, O, false, p.q);
         if constexpr (kDq) write_rows(p.dq, O, phi_used, p.q);

@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
 
   // One step of warpgroup W (a compile-time 0 or 1, so that every wgmma stage lies inside one side
   // of the branch on w: a branch inside a stage makes ptxas serialize the products, C7515).
-  auto step_of_warpgroup = [&](auto W_, auto update_, const Step& s, const unsigned char* st, const Weights& wt,
+  auto step_of_warpgroup = [&](auto W_, auto update_, const Step& s, unsigned char* st, const Weights& wt,
                                const float* dd_cols) {
     constexpr int W = decltype(W_)::value;
     // S moves after this step: compile-time in the backward's sweeps (their epilogue runs while the
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       }
       return;
     }
-    const unsigned char* Aw = st + L::a + W * KT * kWgTileBytes;  // this warpgroup's 64 rows of A
+    unsigned char* Aw = st + L::a + W * KT * kWgTileBytes;  // this warpgroup's 64 rows of A
     const int row0 = 64 * W, cl = s.cl - row0;                   // its rows of the chunk, cl valid
     const bool fresh_output = !Info::group_sum || s.first;
     // ---- P_b = A_W B_b^T for the row blocks b of B that rows W of A see -------------------------
@@ -304,8 +304,9 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     auto epilogue = [&]() {
       if (Info::group_sum && !s.last) return;
       const int64_t out_head = Info::group_sum ? g : s.h;
+      // staged through this warpgroup's first A tile: every product that reads it is done
       auto write = [&](const MutView out, bool dphi_of, const ConstView raw, const float(&inv)[2]) {
-        wg_write_rows<T>(out, O, inv, p.feature_map, dphi_of, raw, seq.b, s.t0 + row0, cl, out_head, c0, t);
+        wg_write_rows<T>(out, O, inv, p.feature_map, dphi_of, raw, seq.b, s.t0 + row0, cl, out_head, c0, t, Aw);
       };
       if constexpr (kFwd) {
         float inv[2] = {scale, scale};
