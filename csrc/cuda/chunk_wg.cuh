@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
   // this thread copies (dv scales its pieces of the dout tile with them, dk those of dout or of
   // phi(q): kDkScalesCv), and dq's w and dd of its two accumulator rows: dq keeps dout as loaded (its
   // state moves with V and K alone), so w scales its output rows in the epilogue and dd enters the
-  // scores as dd / w. dk's dd (one per score column) comes with the tiles into shared memory.
+  // scores as dd / w (divided after the scores' product). dk's dd (one per score column) comes with
+  // the tiles into shared memory.
   struct Weights {
     float w[C / 16], dd[2], wr[2];
   };
@@ -250,6 +251,8 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
       }
 
       // ---- mask P (with dq's / dk's dd terms), its row sums (forward), P as the A operand of P Cv ---
+      float dq_dd[2] = {wt.dd[0], wt.dd[1]};  // dq's dd / w: dq_row_weights' loads have landed by now
+      if (kDq && normalizes<WithNormalizer>(p)) dq_dd_over_w(wt.wr, dq_dd);
       float rowsum[2] = {0.f, 0.f};
       uint32_t pa[4][4];
       auto mask_scores = [&](bool dd_col_terms) {
@@ -259,7 +262,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
           for (int q = 0; q < 4; ++q) {
             const int e = 8 * j + 2 * q, r = wg_acc_row(tid, e), col = wg_acc_col(tid, e);
             float x0 = P[e], x1 = P[e + 1];
-            if (kDq && normalizes<WithNormalizer>(p)) x0 += wt.dd[q & 1], x1 += wt.dd[q & 1];
+            if (kDq && normalizes<WithNormalizer>(p)) x0 += dq_dd[q & 1], x1 += dq_dd[q & 1];
             if (dd_col_terms && normalizes<WithNormalizer>(p)) x0 += dd_cols[col], x1 += dd_cols[col + 1];
             x0 = (Info::reverse ? col >= r : col <= r) ? x0 : 0.f;
             x1 = (Info::reverse ? col + 1 >= r : col + 1 <= r) ? x1 : 0.f;
@@ -275,7 +278,7 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         if (normalizes<WithNormalizer>(p) && fresh_output) {  // O += (dd_t / w_t) z (dq) or dz (dk), output columns
           float(&dz_target)[32] = kDkv ? O2 : O;
 #pragma unroll
-          for (int e = 0; e < 32; ++e) dz_target[e] += (kDq ? wt.dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(tid, e)];
+          for (int e = 0; e < 32; ++e) dz_target[e] += (kDq ? dq_dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(tid, e)];
         }
       }
       // P Cv; in the fused sweep, dk's scores P = V dout^T join its stage (P is free, pa still read)

@@ -139,8 +139,8 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
   auto head_of = [&](TcSrc src, const Step& s) { return per_query_head(src) ? s.h : g; };
   // The backward's per-token weights of a step, loaded before its tiles are waited for: w of the rows
   // this thread copies (dv scales its pieces of the dout tile, dk those of dout or phi(q)), dq's w and
-  // dd / w of its two accumulator rows (as in chunk_wg.cuh: dq's dout stays as loaded); dk's dd (one
-  // per score column) comes with the tiles into shared memory.
+  // dd of its two accumulator rows, divided after the scores' product (as in chunk_wg.cuh: dq's dout
+  // stays as loaded); dk's dd (one per score column) comes with the tiles into shared memory.
   struct Weights {
     float w[4], dd[2], wr[2];
   };
@@ -251,6 +251,8 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       wg_commit();
     }
     // ---- mask (with dq's / dk's dd terms): block W is the diagonal one; the others are whole -------
+    float dq_dd[2] = {wt.dd[0], wt.dd[1]};  // dq's dd / w: dq_row_weights' loads have landed by now
+    if (kDq && normalizes<WithNormalizer>(p)) dq_dd_over_w(wt.wr, dq_dd);
     float rowsum[2] = {0.f, 0.f};
     uint32_t pa[nb][4][4];
 #pragma unroll
@@ -261,7 +263,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
         for (int q = 0; q < 4; ++q) {
           const int e = 8 * j + 2 * q, r = wg_acc_row(t, e), col = wg_acc_col(t, e);
           float x0 = P[i][e], x1 = P[i][e + 1];
-          if (kDq && normalizes<WithNormalizer>(p)) x0 += wt.dd[q & 1], x1 += wt.dd[q & 1];
+          if (kDq && normalizes<WithNormalizer>(p)) x0 += dq_dd[q & 1], x1 += dq_dd[q & 1];
           if (kDk && normalizes<WithNormalizer>(p)) x0 += dd_cols[64 * (b0 + i) + col], x1 += dd_cols[64 * (b0 + i) + col + 1];
           if (b0 + i == W) {
             x0 = (Info::reverse ? col >= r : col <= r) ? x0 : 0.f;
@@ -281,7 +283,7 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     if constexpr (kDq || kDk) {
       if (normalizes<WithNormalizer>(p) && fresh_output) {  // O += (dd_t / w_t) z (dq) or dz (dk), output columns
 #pragma unroll
-        for (int e = 0; e < 32; ++e) O[e] += (kDq ? wt.dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(t, e)];
+        for (int e = 0; e < 32; ++e) O[e] += (kDq ? dq_dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(t, e)];
       }
     }
     // ---- O += P_b Cv_b --------------------------------------------------------------------------

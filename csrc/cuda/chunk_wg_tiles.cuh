@@ -156,16 +156,22 @@ __device__ __forceinline__ void wg_scale_piece(unsigned char* piece, float w) {
 }
 
 // dq's weights of its accumulator rows r0 and r0 + 8, from weight(ws, row, otherwise) (a step's
-// per-token value): w, and dd / w, 0 where w is 0 (scale = 0: the rows' gradient is 0 then).
+// per-token value): w and dd as loaded. dq_dd_over_w divides them later in the step, where the loads
+// have landed: dividing here waited on them at the step's start (ncu: ~14% of the 128-token dq
+// sweep's stall samples, long_sb).
 template <class Weight>
 __device__ __forceinline__ void dq_row_weights(Weight&& weight, const float* ws_w, const float* ws_dd, int r0,
-                                               float scale, float (&w)[2], float (&dd_over_w)[2]) {
+                                               float scale, float (&w)[2], float (&dd)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     w[r] = weight(ws_w, r0 + 8 * r, scale);
-    const float dd = weight(ws_dd, r0 + 8 * r, 0.f);
-    dd_over_w[r] = w[r] != 0.f ? dd / w[r] : 0.f;
+    dd[r] = weight(ws_dd, r0 + 8 * r, 0.f);
   }
+}
+// dd / w in place, 0 where w is 0 (scale = 0: the rows' gradient is 0 then).
+__device__ __forceinline__ void dq_dd_over_w(const float (&w)[2], float (&dd)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) dd[r] = w[r] != 0.f ? dd[r] / w[r] : 0.f;
 }
 
 // Whether the dk sweep with inner dim DI scales phi(q) (64 columns) by w instead of dout (DI
