@@ -332,9 +332,13 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         }
         const int64_t out_head = Info::group_sum ? g : s.h;
         const bool phi_used = p.feature_map != FeatureMap::kIdentity;
-        // staged through the A tile: every product that reads it is done (the update reads B and Cv)
+        // staged through the A tile: every product that reads it is done (the update reads B and Cv).
+        // Not the normalize forward at DI = 64: under its 3-blocks-per-SM register budget staging
+        // spilled 16 bytes, and the forward took 251 us against 200 at B8-T4096-H32-D64.
+        constexpr bool kStaged = !(kFwd && DI == 64 && WithNormalizer);
         auto write_rows = [&](const MutView out, const float(&acc)[32], bool dphi_of, const ConstView raw_view) {
-          wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, raw_view, seq.b, s.t0, s.cl, out_head, c0, tid, At);
+          wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, raw_view, seq.b, s.t0, s.cl, out_head, c0, tid,
+                           kStaged ? At : nullptr);
         };
         if constexpr (kFwd) write_rows(p.o, O, false, p.q);
         if constexpr (kDq) write_rows(p.dq, O, phi_used, p.q);
