@@ -333,9 +333,10 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         const int64_t out_head = Info::group_sum ? g : s.h;
         const bool phi_used = p.feature_map != FeatureMap::kIdentity;
         // staged through the A tile: every product that reads it is done (the update reads B and Cv).
-        // Not the normalize forward at DI = 64: under its 3-blocks-per-SM register budget staging
-        // spilled 16 bytes, and the forward took 251 us against 200 at B8-T4096-H32-D64.
-        constexpr bool kStaged = !(kFwd && DI == 64 && WithNormalizer);
+        // Not where staging spills under the 3-blocks-per-SM register budget of DI = 64 with the
+        // normalizer: the forward (16 bytes; 251 us against 200 at B8-T4096-H32-D64) and fp16's dk (24).
+        constexpr bool kStaged =
+            !(DI == 64 && WithNormalizer && (kFwd || (kDk && std::is_same_v<T, __half>)));
         auto write_rows = [&](const MutView out, const float(&acc)[32], bool dphi_of, const ConstView raw_view) {
           wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, raw_view, seq.b, s.t0, s.cl, out_head, c0, tid,
                            kStaged ? At : nullptr);

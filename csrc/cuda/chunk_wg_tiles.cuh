@@ -278,6 +278,10 @@ __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&a
                                               unsigned char* scratch = nullptr) {
   if (scratch != nullptr && !dphi_of && wg_aligned16(out)) {
     const int lane = tid % 32, warp = (tid / 32) % 4;
+    const int r = 16 * warp + lane / 8, piece = lane % 8;  // this lane's rows r + 4k, 16 bytes each
+    // addresses first: computed after the stmatrix, they reused its source registers and waited on it
+    T* o = row<T>(out, b, t0 + r, head) + c0 + 8 * piece;
+    const int64_t rows4 = 4 * out.stride_t;
     __syncwarp();  // every lane is done reading the rows of an earlier output staged here
 #pragma unroll
     for (int q = 0; q < 4; ++q) {  // column groups 2q, 2q + 1 (8 columns each), rows r0 and r0 + 8
@@ -291,13 +295,12 @@ __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&a
       stsm_x4(scratch + wg_at(16 * warp + 8 * (mat % 2) + lane % 8, 8 * (mat / 2)), x);
     }
     __syncwarp();
-    const int r = 16 * warp + lane / 8, piece = lane % 8;  // rows r + 4k, 16 bytes each
-    T* const o = row<T>(out, b, t0 + r, head) + c0 + 8 * piece;
+    uint4 v[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint4 v = *reinterpret_cast<const uint4*>(scratch + wg_at(r + 4 * k, 8 * piece));
-      if (r + 4 * k < cl) *reinterpret_cast<uint4*>(o + 4 * k * out.stride_t) = v;
-    }
+    for (int k = 0; k < 4; ++k) v[k] = *reinterpret_cast<const uint4*>(scratch + wg_at(r + 4 * k, 8 * piece));
+#pragma unroll
+    for (int k = 0; k < 4; ++k, o += rows4)
+      if (r + 4 * k < cl) *reinterpret_cast<uint4*>(o) = v[k];
     return;
   }
   const int r0 = wg_acc_row(tid, 0);
