@@ -269,8 +269,10 @@ __device__ __forceinline__ bool wg_aligned16(const MutView& out) {
 // (the step's A tile), and out 16-byte aligned, without phi': staged through this warp's 16 rows
 // of it (stmatrix), then four 16-byte stores per thread, each instruction four whole 128-byte rows.
 // Sixteen 4-byte stores per thread touch eight rows each: their queue held the warps, which waited
-// to reuse the stores' registers (ncu: 10-17% of the backward sweeps' stall samples). The views
-// come by value (see tc_view).
+// to reuse the stores' registers (ncu: 10-17% of the backward sweeps' stall samples). Each warp
+// overwrites only its own 16 rows after its own wgmma wait: warp w's share of an m64 product reads A
+// rows [16w, 16w + 16) (on its own sub-partition's tensor core), which the PTX ISA does not spell out;
+// the bitwise A/B against the direct stores is the check. The views come by value (see tc_view).
 template <class T>
 __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&acc)[32], const float (&inv)[2],
                                               FeatureMap fm, bool dphi_of, const ConstView raw, int64_t b,
