@@ -115,6 +115,42 @@ struct BackwardFunction : torch::autograd::Function<BackwardFunction<Form>> {
   }
 };
 
+// Whether a gradient will flow back through this call: then the forward saves what the backward
+// can reuse (the denominators; the op decides where its kernels produce them).
+bool records_gradient(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
+                      const OptTensor& z0) {
+  auto wants_grad = [](const OptTensor& t) { return t.has_value() && t->requires_grad(); };
+  return torch::autograd::GradMode::is_enabled() &&
+         (q.requires_grad() || k.requires_grad() || v.requires_grad() || wants_grad(S0) || wants_grad(z0));
+}
+
+// Whether a forward-mode gradient rides on any of the tensors: the custom Functions have to raise
+// then (they have no jvp), so such calls never take the node-free paths below.
+bool dual(const at::Tensor& t) { return t._fw_grad(/*level=*/0).defined(); }
+bool dual(const OptTensor& t) { return t.has_value() && dual(*t); }
+template <class... Tensors>
+bool has_forward_grad(const Tensors&... tensors) {
+  return (dual(tensors) || ...);
+}
+
+// The Autograd kernel of both backwards, also called by the forwards' backward. Outside
+// create_graph (grad mode off, the usual backward) it skips BackwardFunction's node, whose only
+// job is to refuse a second derivative.
+template <class Form>
+BackwardResult backward_op(const at::Tensor& dout, const OptTensor& o, const OptTensor& dS, const OptTensor& dz,
+                           const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
+                           const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
+                           std::string_view feature_map, bool normalize, int64_t chunk_size, const OptTensor& den) {
+  if (!torch::autograd::GradMode::is_enabled() && !has_forward_grad(dout, o, dS, dz, q, k, v, S0, z0)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_backward<Form>(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize,
+                               chunk_size, den);
+  }
+  const variable_list g = BackwardFunction<Form>::apply(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps,
+                                                        feature_map, normalize, chunk_size, den);
+  return {g[0], g[1], g[2], g[3], g[4]};
+}
+
 template <class Form>
 struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -158,39 +194,47 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
     const std::string feature_map = ctx->saved_data["feature_map"].toStringRef();
     const bool normalize = ctx->saved_data["normalize"].toBool();
     const bool output_final_state = ctx->saved_data["output_final_state"].toBool();
-    const variable_list g = BackwardFunction<Form>::apply(
+    const auto [dq, dk, dv, dS0, dz0] = backward_op<Form>(
         dout, present(saved[6]), state_grad(grads[1], output_final_state),
         state_grad(grads[2], output_final_state && normalize), q, k, v, present(S0), present(z0), present(saved[5]),
         ctx->saved_data["scale"].toDouble(), ctx->saved_data["eps"].toDouble(), std::string_view(feature_map),
         normalize, ctx->saved_data["chunk_size"].toInt(), present(saved[7]));
     // One entry per forward argument: dq, dk, dv, the initial-state gradients, nothing for the rest.
     variable_list result(13);
-    result[0] = g[0];
-    result[1] = g[1];
-    result[2] = g[2];
-    if (S0.defined()) result[3] = g[3];
-    if (z0.defined()) result[4] = g[4];
+    result[0] = dq;
+    result[1] = dk;
+    result[2] = dv;
+    if (S0.defined()) result[3] = dS0;
+    if (z0.defined()) result[4] = dz0;
     return result;
   }
 };
 
-// Whether a gradient will flow back through this call: then the forward saves what the backward
-// can reuse (the denominators; the op decides where its kernels produce them).
-bool records_gradient(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
-                      const OptTensor& z0) {
-  auto wants_grad = [](const OptTensor& t) { return t.has_value() && t->requires_grad(); };
-  return torch::autograd::GradMode::is_enabled() &&
-         (q.requires_grad() || k.requires_grad() || v.requires_grad() || wants_grad(S0) || wants_grad(z0));
+// The Autograd kernel of both forwards. Inference (no_grad, or no input requiring grad) skips
+// the autograd Function: no graph node, no saved tensors, less host time before the launch.
+template <class Form>
+ForwardResult forward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
+                         const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
+                         std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size,
+                         bool save_den) {
+  const bool recording = records_gradient(q, k, v, S0, z0);
+  if (!recording && !has_forward_grad(q, k, v, S0, z0)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_forward<Form>(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
+                              chunk_size, save_den);
+  }
+  save_den = save_den || (normalize && recording);
+  const variable_list out = SequenceFunction<Form>::apply(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
+                                                          normalize, output_final_state, chunk_size, save_den);
+  return {out[0], out[1], out[2], out.size() > 3 ? out[3] : at::Tensor()};
 }
 
 ForwardResult chunk_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
                         const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
                         std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size,
                         bool save_den) {
-  save_den = save_den || (normalize && records_gradient(q, k, v, S0, z0));
-  const variable_list out = SequenceFunction<ChunkForm>::apply(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
-                                                               normalize, output_final_state, chunk_size, save_den);
-  return {out[0], out[1], out[2], out[3]};
+  return forward_op<ChunkForm>(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
+                               chunk_size, save_den);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(const at::Tensor& q, const at::Tensor& k,
@@ -198,20 +242,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(const at::Tensor& q
                                                              const OptTensor& z0, const OptTensor& cu_seqlens,
                                                              double scale, double eps, std::string_view feature_map,
                                                              bool normalize, bool output_final_state) {
-  const variable_list out = SequenceFunction<RecurrentForm>::apply(q, k, v, S0, z0, cu_seqlens, scale, eps,
-                                                                   feature_map, normalize, output_final_state,
-                                                                   int64_t{0}, false);
-  return {out[0], out[1], out[2]};
-}
-
-template <class Form>
-BackwardResult backward_op(const at::Tensor& dout, const OptTensor& o, const OptTensor& dS, const OptTensor& dz,
-                           const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
-                           const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
-                           std::string_view feature_map, bool normalize, int64_t chunk_size, const OptTensor& den) {
-  const variable_list g = BackwardFunction<Form>::apply(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps,
-                                                        feature_map, normalize, chunk_size, den);
-  return {g[0], g[1], g[2], g[3], g[4]};
+  const ForwardResult out = forward_op<RecurrentForm>(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
+                                                      normalize, output_final_state, int64_t{0}, false);
+  return {std::get<0>(out), std::get<1>(out), std::get<2>(out)};
 }
 
 BackwardResult recurrent_bwd(const at::Tensor& dout, const OptTensor& o, const OptTensor& dS, const OptTensor& dz,

@@ -161,26 +161,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
   const c10::DeviceGuard guard(q.device());
   const auto state_opts = q.options().dtype(state_scalar_type(q));
   at::Tensor o = at::empty({p.batch, p.seqlen, p.num_heads, p.head_dim_v}, q.options());
-  at::Tensor S_final = output_final_state
-                           ? at::empty({a.num_states, p.num_kv_heads, p.head_dim_k, p.head_dim_v}, state_opts)
-                           : at::empty({0}, state_opts);
-  at::Tensor z_final = output_final_state && normalize
-                           ? at::empty({a.num_states, p.num_kv_heads, p.head_dim_k}, state_opts)
-                           : at::empty({0}, state_opts);
   p.o = mut_view(o);
-  p.final_S = mut_data_or_null(S_final);
-  p.final_z = mut_data_or_null(z_final);
-  const bool den_saved = save_den && linear_attn_chunk_fwd_writes_den(p);
-  // Packed sequences may leave tokens uncovered (before cu_seqlens[0], after cu_seqlens[N]): zeros there.
-  const int64_t den_rows = den_saved ? p.batch * p.seqlen * p.num_heads : 0;
-  at::Tensor den = a.cu_seqlens.defined() ? at::zeros({den_rows}, q.options().dtype(at::kFloat))
-                                          : at::empty({den_rows}, q.options().dtype(at::kFloat));
-  if (den_saved) {
-    den = den.view({p.batch, p.seqlen, p.num_heads});
+  at::Tensor S_final, z_final, den;
+  if (output_final_state) {
+    S_final = at::empty({a.num_states, p.num_kv_heads, p.head_dim_k, p.head_dim_v}, state_opts);
+    p.final_S = mut_data_or_null(S_final);
+    if (normalize) {
+      z_final = at::empty({a.num_states, p.num_kv_heads, p.head_dim_k}, state_opts);
+      p.final_z = mut_data_or_null(z_final);
+    }
+  }
+  if (save_den && linear_attn_chunk_fwd_writes_den(p)) {
+    // Packed sequences may leave tokens uncovered (before cu_seqlens[0], after cu_seqlens[N]): zeros there.
+    const auto den_opts = q.options().dtype(at::kFloat);
+    den = a.cu_seqlens.defined() ? at::zeros({p.batch, p.seqlen, p.num_heads}, den_opts)
+                                 : at::empty({p.batch, p.seqlen, p.num_heads}, den_opts);
     p.den_out = den.data_ptr();
   }
   const at::Tensor workspace = allocate_workspace(p, q);
   check_status(launch(p), op);
+  // The results the call was not asked for are empty tensors, made after the launch: the host's
+  // time before the kernel starts is the call's latency on an idle GPU.
+  if (!S_final.defined()) S_final = at::empty({0}, state_opts);
+  if (!z_final.defined()) z_final = at::empty({0}, state_opts);
+  if (!den.defined()) den = at::empty({0}, q.options().dtype(at::kFloat));
   return {o, S_final, z_final, den};
 }
 
@@ -229,8 +233,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());
   at::Tensor dv = at::empty(v.sizes(), v.options());
-  at::Tensor dS0 = a.initial_S.defined() ? at::empty({N, Hkv, K, V}, state_opts) : at::empty({0}, state_opts);
-  at::Tensor dz0 = a.initial_z.defined() ? at::empty({N, Hkv, K}, state_opts) : at::empty({0}, state_opts);
+  at::Tensor dS0, dz0;
+  if (a.initial_S.defined()) dS0 = at::empty({N, Hkv, K, V}, state_opts);
+  if (a.initial_z.defined()) dz0 = at::empty({N, Hkv, K}, state_opts);
   p.dout = const_view(dout);
   if (o.has_value()) p.out = const_view(*o);
   p.dq = mut_view(dq);
@@ -238,10 +243,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   p.dv = mut_view(dv);
   p.d_final_S = dS_final.defined() ? dS_final.data_ptr() : nullptr;
   p.d_final_z = dz_final.defined() ? dz_final.data_ptr() : nullptr;
-  p.d_initial_S = mut_data_or_null(dS0);
-  p.d_initial_z = mut_data_or_null(dz0);
+  if (dS0.defined()) p.d_initial_S = mut_data_or_null(dS0);
+  if (dz0.defined()) p.d_initial_z = mut_data_or_null(dz0);
   const at::Tensor workspace = allocate_workspace(p, q);
   check_status(launch(p), op);
+  // As in the forward: the placeholders for gradients nobody asked for come after the launch.
+  if (!dS0.defined()) dS0 = at::empty({0}, state_opts);
+  if (!dz0.defined()) dz0 = at::empty({0}, state_opts);
   return {dq, dk, dv, dS0, dz0};
 }
 

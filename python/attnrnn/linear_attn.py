@@ -116,7 +116,7 @@ def chunk_linear_attn(
         raise ValueError(f"chunk_size must be an int in [1, 1024] or None, got {chunk_size!r}")
     else:
         chunk = chunk_size
-    return _sequence_op(ops.chunk_fwd, q, k, v, scale, normalize, feature_map, eps, initial_state,
+    return _sequence_op(ops.chunk_fwd.default, q, k, v, scale, normalize, feature_map, eps, initial_state,
                         output_final_state, cu_seqlens, chunk)
 
 
@@ -135,7 +135,7 @@ def recurrent_linear_attn(
 ) -> Tuple[torch.Tensor, Optional[LinearAttnState]]:
     """Causal linear attention token by token (the RNN form); same arguments and results as
     :func:`chunk_linear_attn` without ``chunk_size``."""
-    return _sequence_op(ops.recurrent_fwd, q, k, v, scale, normalize, feature_map, eps, initial_state,
+    return _sequence_op(ops.recurrent_fwd.default, q, k, v, scale, normalize, feature_map, eps, initial_state,
                         output_final_state, cu_seqlens)
 
 
@@ -194,5 +194,5 @@ def linear_attn_step(
                     "requires grad; pass a detached state (or run under torch.no_grad()), or use "
                     "recurrent_linear_attn or chunk_linear_attn with initial_state for gradients")
     q, k, fm = _feature_map(q, k, feature_map)
-    o = ops.step(q, k, v, S, z, state_indices, _scale(scale, q.shape[-1]), float(eps), fm, bool(normalize))
+    o = ops.step.default(q, k, v, S, z, state_indices, _scale(scale, q.shape[-1]), float(eps), fm, bool(normalize))
     return o.unsqueeze(1) if four_d else o

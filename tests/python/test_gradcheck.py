@@ -79,6 +79,41 @@ def test_softmax_double_backward_raises_instead_of_silent_zero(ar, device):
         torch.autograd.grad(dq.sum(), q)
 
 
+# ---- inference: the forward without an autograd node ---------------------------------------------
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("normalize", [False, True], ids=["unnorm", "norm"])
+def test_no_grad_forward_records_nothing_and_matches_the_recorded_one(ar, op, normalize, device):
+    """Under no_grad the forward skips the autograd Function (less host time per call): its
+    outputs carry no graph and are bit for bit those of the recorded forward, final state too."""
+    case = Case(2, 37, 4, 8, torch.float32, V=5, Hkv=2, feature_map="elu1", normalize=normalize, final_state=True)
+    inp = make_inputs(case, device)
+    q, k, v = (inp[n].detach().clone().requires_grad_() for n in "qkv")
+    fn = getattr(ar, f"{op}_linear_attn")
+    with torch.no_grad():
+        o_inf, state_inf = fn(q, k, v, **case.kwargs())
+    o_rec, state_rec = fn(q, k, v, **case.kwargs())
+    assert o_inf.grad_fn is None and not o_inf.requires_grad and not state_inf.S.requires_grad
+    assert o_rec.grad_fn is not None
+    assert torch.equal(o_inf, o_rec) and torch.equal(state_inf.S, state_rec.S)
+    if normalize:
+        assert torch.equal(state_inf.z, state_rec.z)
+
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+def test_forward_mode_ad_raises_instead_of_dropping_the_tangent(ar, op, device):
+    """A dual input must not slip through the no-gradient path: the ops have no jvp, so forward
+    mode raises rather than returning an output without a tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    case = Case(1, 6, 2, 4, torch.float64)
+    inp = make_inputs(case, device)
+    with fwAD.dual_level():
+        q = fwAD.make_dual(inp["q"], torch.randn_like(inp["q"]))
+        with pytest.raises(RuntimeError, match="jvp is not implemented"):
+            getattr(ar, f"{op}_linear_attn")(q, inp["k"], inp["v"], **case.kwargs())
+
+
 # ---- what the forward saves -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", ["chunk", "recurrent"])
