@@ -45,6 +45,9 @@ def main():
                 "ops.chunk_fwd.default": lambda: ops.chunk_fwd.default(q, k, v, None, None, None, s, 1e-6,
                                                                        "identity", normalize, False, 0),
             }
+            if hasattr(attnrnn._C, "chunk_fwd"):  # the typed eager call (trees from the twentieth session on)
+                rows["_C.chunk_fwd (typed)"] = lambda: attnrnn._C.chunk_fwd(q, k, v, None, None, None, s, 1e-6,
+                                                                            "identity", normalize, False, 0, False)
             for name, fn in rows.items():
                 print(f"{shape_name(*shape)} norm={int(normalize)} {name:28s} "
                       f"{host_us(fn, busy=busy):6.1f} us", flush=True)

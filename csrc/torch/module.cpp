@@ -1,8 +1,170 @@
 // attnrnn._C: importing it loads libattnrnn_torch, whose static initializers register the
-// torch.ops.attnrnn operators. The module itself holds nothing.
+// torch.ops.attnrnn operators. It also holds the eager calls of the two operators the public
+// functions call per step of a model (chunk_fwd, step): the same dispatcher call as
+// torch.ops.attnrnn.<op>.default, typed instead of boxed. torch.ops spends several µs of host time
+// per call turning 10-13 Python arguments into IValues against the schema, time the GPU waits for
+// when it is idle at the call's start. Anything the typed call cannot stand in for (a tensor
+// subclass, a __torch_function__ mode) returns NotImplemented, and the caller goes through torch.ops.
 #include <Python.h>
 
-static PyModuleDef attnrnn_module = {PyModuleDef_HEAD_INIT, "_C", "attnrnn operator registrations", -1,
-                                     nullptr, nullptr, nullptr, nullptr, nullptr};
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <initializer_list>
+#include <optional>
+#include <string_view>
+#include <tuple>
+
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+// A call's positional arguments, read by type; `usable` turns false at the first one the typed
+// call cannot take as torch.ops would.
+struct Args {
+  PyObject* const* items;
+  bool usable = true;
+
+  // Plain tensors (and Parameters) only: a subclass may handle the op its own way.
+  const at::Tensor* tensor(int i) {
+    if (!THPVariable_CheckExact(items[i])) {
+      usable = false;
+      return nullptr;
+    }
+    return &THPVariable_Unpack(items[i]);
+  }
+  OptTensor optional_tensor(int i) {
+    if (items[i] == Py_None) return std::nullopt;
+    const at::Tensor* t = tensor(i);
+    return t != nullptr ? OptTensor(*t) : std::nullopt;
+  }
+  // Python floats and ints only (as the public functions pass them): no __float__ of other objects.
+  double real(int i) {
+    if (!PyFloat_Check(items[i]) && !PyLong_Check(items[i])) {
+      usable = false;
+      return 0.0;
+    }
+    const double value = PyFloat_AsDouble(items[i]);
+    if (value == -1.0 && PyErr_Occurred()) throw python_error();
+    return value;
+  }
+  int64_t integer(int i) {
+    if (!PyLong_Check(items[i])) {
+      usable = false;
+      return 0;
+    }
+    const long long value = PyLong_AsLongLong(items[i]);
+    if (value == -1 && PyErr_Occurred()) throw python_error();
+    return value;
+  }
+  bool boolean(int i) {
+    if (!PyBool_Check(items[i])) usable = false;
+    return items[i] == Py_True;
+  }
+  std::string_view text(int i) {
+    Py_ssize_t size = 0;
+    const char* data = PyUnicode_Check(items[i]) ? PyUnicode_AsUTF8AndSize(items[i], &size) : nullptr;
+    if (data == nullptr) {
+      PyErr_Clear();
+      usable = false;
+      return {};
+    }
+    return {data, static_cast<size_t>(size)};
+  }
+};
+
+PyObject* not_implemented() { Py_RETURN_NOTIMPLEMENTED; }
+
+// A new tuple of the tensors as Python objects (nullptr with the error set if one fails).
+PyObject* wrap_tuple(std::initializer_list<at::Tensor> tensors) {
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(tensors.size()));
+  if (tuple == nullptr) return nullptr;
+  Py_ssize_t i = 0;
+  for (const at::Tensor& t : tensors) {
+    PyObject* item = THPVariable_Wrap(t);
+    if (item == nullptr) {
+      Py_DECREF(tuple);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tuple, i++, item);  // steals the reference
+  }
+  return tuple;
+}
+
+bool check_count(Py_ssize_t given, Py_ssize_t wanted, const char* name) {
+  if (given == wanted) return true;
+  PyErr_Format(PyExc_TypeError, "%s takes %zd positional arguments (%zd given)", name, wanted, given);
+  return false;
+}
+
+using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// chunk_fwd(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
+//           output_final_state, chunk_size, save_den) -> (o, S, z, den), as the schema.
+PyObject* chunk_fwd(PyObject*, PyObject* const* items, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  if (!check_count(count, 13, "chunk_fwd")) return nullptr;
+  if (at::impl::torch_function_mode_enabled()) return not_implemented();
+  Args a{items};
+  const at::Tensor *q = a.tensor(0), *k = a.tensor(1), *v = a.tensor(2);
+  const OptTensor S0 = a.optional_tensor(3), z0 = a.optional_tensor(4), cu_seqlens = a.optional_tensor(5);
+  const double scale = a.real(6), eps = a.real(7);
+  const std::string_view feature_map = a.text(8);
+  const bool normalize = a.boolean(9), output_final_state = a.boolean(10);
+  const int64_t chunk_size = a.integer(11);
+  const bool save_den = a.boolean(12);
+  if (!a.usable) return not_implemented();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("attnrnn::chunk_fwd", "").typed<
+      ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
+                    const OptTensor&, double, double, std::string_view, bool, bool, int64_t, bool)>();
+  ForwardResult out;
+  {
+    pybind11::gil_scoped_release no_gil;  // as torch.ops: a CPU kernel may run long
+    out = op.call(*q, *k, *v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
+                  chunk_size, save_den);
+  }
+  return wrap_tuple({std::get<0>(out), std::get<1>(out), std::get<2>(out), std::get<3>(out)});
+  END_HANDLE_TH_ERRORS
+}
+
+// step(q, k, v, S, z, state_indices, scale, eps, feature_map, normalize) -> o, as the schema
+// (S and z updated in place; the ADInplaceOrView kernel bumps their versions on this path too).
+PyObject* step(PyObject*, PyObject* const* items, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  if (!check_count(count, 10, "step")) return nullptr;
+  if (at::impl::torch_function_mode_enabled()) return not_implemented();
+  Args a{items};
+  const at::Tensor *q = a.tensor(0), *k = a.tensor(1), *v = a.tensor(2), *S = a.tensor(3);
+  const OptTensor z = a.optional_tensor(4), state_indices = a.optional_tensor(5);
+  const double scale = a.real(6), eps = a.real(7);
+  const std::string_view feature_map = a.text(8);
+  const bool normalize = a.boolean(9);
+  if (!a.usable) return not_implemented();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("attnrnn::step", "").typed<
+      at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, const OptTensor&,
+                 const OptTensor&, double, double, std::string_view, bool)>();
+  at::Tensor state = *S;
+  at::Tensor o;
+  {
+    pybind11::gil_scoped_release no_gil;
+    o = op.call(*q, *k, *v, state, z, state_indices, scale, eps, feature_map, normalize);
+  }
+  return THPVariable_Wrap(std::move(o));
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef methods[] = {
+    {"chunk_fwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_fwd)), METH_FASTCALL,
+     "The eager call of torch.ops.attnrnn.chunk_fwd.default (NotImplemented: use torch.ops)."},
+    {"step", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&step)), METH_FASTCALL,
+     "The eager call of torch.ops.attnrnn.step.default (NotImplemented: use torch.ops)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef attnrnn_module = {PyModuleDef_HEAD_INIT, "_C", "attnrnn operator registrations and eager calls", -1,
+                              methods, nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
 
 PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&attnrnn_module); }

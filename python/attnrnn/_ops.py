@@ -9,9 +9,27 @@ of the real op, so that tracing fails as eager does instead of with an unpacking
 """
 import torch
 
-from . import _C  # noqa: F401  (loads the operator registrations)
+from . import _C  # loads the operator registrations; holds the eager calls
 
 ops = torch.ops.attnrnn
+
+
+def _eager(op, typed_call):
+    """op's call for the public functions: attnrnn._C's typed call of the same operator (less host
+    time per call than torch.ops' boxing, csrc/torch/module.cpp), or op itself while torch.compile
+    traces and for whatever the typed call returns NotImplemented (tensor subclasses,
+    __torch_function__ modes)."""
+    def call(*args):
+        if not torch.compiler.is_compiling():
+            out = typed_call(*args)
+            if out is not NotImplemented:
+                return out
+        return op(*args)
+    return call
+
+
+chunk_fwd = _eager(ops.chunk_fwd.default, _C.chunk_fwd)
+step = _eager(ops.step.default, _C.step)
 
 
 def state_dtype(q):

@@ -13,6 +13,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
+from . import _ops
 from ._ops import ops
 from ._args import check_tensor as _check_tensor, resolve_scale as _scale
 
@@ -116,8 +117,8 @@ def chunk_linear_attn(
         raise ValueError(f"chunk_size must be an int in [1, 1024] or None, got {chunk_size!r}")
     else:
         chunk = chunk_size
-    return _sequence_op(ops.chunk_fwd.default, q, k, v, scale, normalize, feature_map, eps, initial_state,
-                        output_final_state, cu_seqlens, chunk)
+    return _sequence_op(_ops.chunk_fwd, q, k, v, scale, normalize, feature_map, eps, initial_state,
+                        output_final_state, cu_seqlens, chunk, False)
 
 
 def recurrent_linear_attn(
@@ -194,5 +195,5 @@ def linear_attn_step(
                     "requires grad; pass a detached state (or run under torch.no_grad()), or use "
                     "recurrent_linear_attn or chunk_linear_attn with initial_state for gradients")
     q, k, fm = _feature_map(q, k, feature_map)
-    o = ops.step.default(q, k, v, S, z, state_indices, _scale(scale, q.shape[-1]), float(eps), fm, bool(normalize))
+    o = _ops.step(q, k, v, S, z, state_indices, _scale(scale, q.shape[-1]), float(eps), fm, bool(normalize))
     return o.unsqueeze(1) if four_d else o

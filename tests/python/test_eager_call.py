@@ -1,0 +1,106 @@
+"""The public functions' eager call (attnrnn._C.chunk_fwd / step, csrc/torch/module.cpp) stands in
+for torch.ops.attnrnn.<op>.default: the same results, errors, in-place version bumps and autograd,
+and it steps aside (NotImplemented, then torch.ops) for tensor subclasses and __torch_function__
+modes."""
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from cases import Case, make_inputs
+
+
+def _chunk_args(inp, normalize, final_state=True, chunk=0, save_den=False):
+    return (inp["q"], inp["k"], inp["v"], None, None, None, 0.5, 1e-6, "elu1", normalize, final_state, chunk,
+            save_den)
+
+
+@pytest.mark.parametrize("normalize", [False, True], ids=["unnorm", "norm"])
+def test_chunk_fwd_eager_call_equals_torch_ops(ar, normalize, device):
+    """B2-T37-H4-Hkv2-K8-V5-fp32: every result of the typed call bit for bit that of torch.ops."""
+    from attnrnn import _C
+    inp = make_inputs(Case(2, 37, 4, 8, torch.float32, V=5, Hkv=2, normalize=normalize), device)
+    eager = _C.chunk_fwd(*_chunk_args(inp, normalize))
+    boxed = torch.ops.attnrnn.chunk_fwd.default(*_chunk_args(inp, normalize))
+    assert isinstance(eager, tuple) and len(eager) == len(boxed) == 4
+    for got, want in zip(eager, boxed):
+        assert got.shape == want.shape and got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_step_eager_call_updates_the_state_and_bumps_its_version(ar, device):
+    """B3-H4-K8-V8: the typed step writes S and z as torch.ops' does, and autograd sees them written."""
+    from attnrnn import _C
+    q, k, v = (torch.randn(3, 4, 8, device=device) for _ in range(3))
+    S, z = torch.zeros(3, 4, 8, 8, device=device), torch.zeros(3, 4, 8, device=device)
+    S2, z2 = S.clone(), z.clone()
+    versions = (S._version, z._version)
+    o = _C.step(q, k, v, S, z, None, 0.5, 1e-6, "elu1", True)
+    o2 = torch.ops.attnrnn.step.default(q, k, v, S2, z2, None, 0.5, 1e-6, "elu1", True)
+    assert torch.equal(o, o2) and torch.equal(S, S2) and torch.equal(z, z2)
+    assert S._version > versions[0] and z._version > versions[1]
+
+
+def test_eager_call_raises_the_operators_error(ar, device):
+    """A 3-D q: the same ValueError, naming the argument, as through torch.ops."""
+    from attnrnn import _C
+    inp = make_inputs(Case(1, 5, 2, 4, torch.float32), device)
+    inp["q"] = inp["q"][0]
+    with pytest.raises(ValueError, match=r"q must be a 4-D tensor \[B, T, H, K\]"):
+        _C.chunk_fwd(*_chunk_args(inp, True))
+    with pytest.raises(ValueError, match=r"q must be a 4-D tensor \[B, T, H, K\]"):
+        torch.ops.attnrnn.chunk_fwd.default(*_chunk_args(inp, True))
+
+
+def test_eager_call_rejects_a_wrong_argument_count(ar):
+    from attnrnn import _C
+    with pytest.raises(TypeError, match="chunk_fwd takes 13 positional arguments"):
+        _C.chunk_fwd(None)
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass: the typed call must leave it to torch.ops."""
+
+
+def test_eager_call_declines_tensor_subclasses_and_odd_arguments(ar, device):
+    from attnrnn import _C
+    inp = make_inputs(Case(1, 5, 2, 4, torch.float32), device)
+    tagged = dict(inp, q=inp["q"].as_subclass(_Tagged))
+    assert _C.chunk_fwd(*_chunk_args(tagged, True)) is NotImplemented
+    args = list(_chunk_args(inp, True))
+    args[6] = torch.tensor(0.5)  # a tensor scale: torch.ops decides what that means
+    assert _C.chunk_fwd(*args) is NotImplemented
+
+
+def test_public_function_honours_torch_function_modes(ar, device):
+    """Under a __torch_function__ mode the public function goes through torch.ops, which the mode sees."""
+    seen = []
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    inp = make_inputs(Case(1, 5, 2, 4, torch.float32), device)
+    with Record():
+        ar.chunk_linear_attn(inp["q"], inp["k"], inp["v"])
+    assert any("attnrnn.chunk_fwd" in name for name in seen), seen
+
+
+def test_public_function_with_a_subclass_matches_plain_tensors(ar, device):
+    inp = make_inputs(Case(2, 9, 2, 4, torch.float32), device)
+    o_plain, _ = ar.chunk_linear_attn(inp["q"], inp["k"], inp["v"])
+    o_sub, _ = ar.chunk_linear_attn(inp["q"].as_subclass(_Tagged), inp["k"], inp["v"])
+    assert torch.equal(o_plain, o_sub.as_subclass(torch.Tensor))
+
+
+def test_gradients_flow_through_the_eager_call(ar, device):
+    """B2-T17-H2-K4-fp64: the typed call reaches the Autograd kernel, so backward works as through torch.ops."""
+    from attnrnn import _C
+    inp = make_inputs(Case(2, 17, 2, 4, torch.float64), device)
+    grads = []
+    for call in (_C.chunk_fwd, torch.ops.attnrnn.chunk_fwd.default):
+        q, k, v = (inp[n].detach().clone().requires_grad_() for n in "qkv")
+        o = call(q, k, v, None, None, None, 0.5, 1e-6, "elu1", True, False, 0, False)[0]
+        o.pow(2).sum().backward()
+        grads.append((q.grad, k.grad, v.grad))
+    for got, want in zip(*grads):
+        assert torch.equal(got, want)
