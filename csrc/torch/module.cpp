@@ -77,6 +77,16 @@ struct Args {
 
 PyObject* not_implemented() { Py_RETURN_NOTIMPLEMENTED; }
 
+// The GIL released for the operator's call, as torch.ops does (a CPU kernel may run long), and
+// taken back however the call ends.
+struct GilReleased {
+  PyThreadState* state = PyEval_SaveThread();
+  GilReleased() = default;
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
+  ~GilReleased() { PyEval_RestoreThread(state); }
+};
+
 // A new tuple of the tensors as Python objects (nullptr with the error set if one fails).
 PyObject* wrap_tuple(std::initializer_list<at::Tensor> tensors) {
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(tensors.size()));
@@ -121,7 +131,7 @@ PyObject* chunk_fwd(PyObject*, PyObject* const* items, Py_ssize_t count) {
                     const OptTensor&, double, double, std::string_view, bool, bool, int64_t, bool)>();
   ForwardResult out;
   {
-    pybind11::gil_scoped_release no_gil;  // as torch.ops: a CPU kernel may run long
+    const GilReleased no_gil;
     out = op.call(*q, *k, *v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
                   chunk_size, save_den);
   }
@@ -148,7 +158,7 @@ PyObject* step(PyObject*, PyObject* const* items, Py_ssize_t count) {
   at::Tensor state = *S;
   at::Tensor o;
   {
-    pybind11::gil_scoped_release no_gil;
+    const GilReleased no_gil;
     o = op.call(*q, *k, *v, state, z, state_indices, scale, eps, feature_map, normalize);
   }
   return THPVariable_Wrap(std::move(o));
