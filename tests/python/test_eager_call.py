@@ -2,6 +2,8 @@
 for torch.ops.attnrnn.<op>.default: the same results, errors, in-place version bumps and autograd,
 and it steps aside (NotImplemented, then torch.ops) for tensor subclasses and __torch_function__
 modes."""
+import sys
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -104,3 +106,32 @@ def test_gradients_flow_through_the_eager_call(ar, device):
         grads.append((q.grad, k.grad, v.grad))
     for got, want in zip(*grads):
         assert torch.equal(got, want)
+
+
+def _torch_ops_python_calls(fn):
+    """Names of the torch/_ops.py functions fn enters (OpOverload.__call__ is torch.ops' entry)."""
+    entered = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.replace("\\", "/").endswith("torch/_ops.py"):
+            entered.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return entered
+
+
+def test_public_functions_take_the_eager_call(ar, device):
+    """chunk_linear_attn and linear_attn_step reach their operator without torch.ops' Python entry
+    (which the same check does see when torch.ops is called)."""
+    inp = make_inputs(Case(1, 5, 2, 4, torch.float32), device)
+    q, k, v = inp["q"], inp["k"], inp["v"]
+    assert _torch_ops_python_calls(lambda: ar.chunk_linear_attn(q, k, v)) == []
+    S = torch.zeros(1, 2, 4, 4, device=device)
+    assert _torch_ops_python_calls(
+        lambda: ar.linear_attn_step(q[:, 0], k[:, 0], v[:, 0], (S, None), normalize=False)) == []
+    assert "__call__" in _torch_ops_python_calls(
+        lambda: torch.ops.attnrnn.chunk_fwd.default(*_chunk_args(inp, True)))
