@@ -47,7 +47,7 @@ struct Args {
       return 0.0;
     }
     const double value = PyFloat_AsDouble(items[i]);
-    if (value == -1.0 && PyErr_Occurred()) throw python_error();
+    if (value == -1.0 && PyErr_Occurred()) return decline();  // an int too large: torch.ops' error
     return value;
   }
   int64_t integer(int i) {
@@ -56,12 +56,18 @@ struct Args {
       return 0;
     }
     const long long value = PyLong_AsLongLong(items[i]);
-    if (value == -1 && PyErr_Occurred()) throw python_error();
+    if (value == -1 && PyErr_Occurred()) return decline();  // past int64: torch.ops' error
     return value;
   }
   bool boolean(int i) {
     if (!PyBool_Check(items[i])) usable = false;
     return items[i] == Py_True;
+  }
+  // The conversion's error cleared: torch.ops raises its own for the argument.
+  int decline() {
+    PyErr_Clear();
+    usable = false;
+    return 0;
   }
   std::string_view text(int i) {
     Py_ssize_t size = 0;
@@ -114,6 +120,7 @@ using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 // chunk_fwd(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
 //           output_final_state, chunk_size, save_den) -> (o, S, z, den), as the schema.
 PyObject* chunk_fwd(PyObject*, PyObject* const* items, Py_ssize_t count) {
+  ForwardResult out;
   HANDLE_TH_ERRORS
   if (!check_count(count, 13, "chunk_fwd")) return nullptr;
   if (at::impl::torch_function_mode_enabled()) return not_implemented();
@@ -129,19 +136,19 @@ PyObject* chunk_fwd(PyObject*, PyObject* const* items, Py_ssize_t count) {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("attnrnn::chunk_fwd", "").typed<
       ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
                     const OptTensor&, double, double, std::string_view, bool, bool, int64_t, bool)>();
-  ForwardResult out;
-  {
-    const GilReleased no_gil;
-    out = op.call(*q, *k, *v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
-                  chunk_size, save_den);
-  }
-  return wrap_tuple({std::get<0>(out), std::get<1>(out), std::get<2>(out), std::get<3>(out)});
+  const GilReleased no_gil;
+  out = op.call(*q, *k, *v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state, chunk_size,
+                save_den);
   END_HANDLE_TH_ERRORS
+  // Wrapped once the warning handler has gone: a warning it turns into an error (warnings as
+  // errors) then leaves no Python objects behind.
+  return wrap_tuple({std::get<0>(out), std::get<1>(out), std::get<2>(out), std::get<3>(out)});
 }
 
 // step(q, k, v, S, z, state_indices, scale, eps, feature_map, normalize) -> o, as the schema
 // (S and z updated in place; the ADInplaceOrView kernel bumps their versions on this path too).
 PyObject* step(PyObject*, PyObject* const* items, Py_ssize_t count) {
+  at::Tensor o;
   HANDLE_TH_ERRORS
   if (!check_count(count, 10, "step")) return nullptr;
   if (at::impl::torch_function_mode_enabled()) return not_implemented();
@@ -156,13 +163,10 @@ PyObject* step(PyObject*, PyObject* const* items, Py_ssize_t count) {
       at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, const OptTensor&,
                  const OptTensor&, double, double, std::string_view, bool)>();
   at::Tensor state = *S;
-  at::Tensor o;
-  {
-    const GilReleased no_gil;
-    o = op.call(*q, *k, *v, state, z, state_indices, scale, eps, feature_map, normalize);
-  }
-  return THPVariable_Wrap(std::move(o));
+  const GilReleased no_gil;
+  o = op.call(*q, *k, *v, state, z, state_indices, scale, eps, feature_map, normalize);
   END_HANDLE_TH_ERRORS
+  return THPVariable_Wrap(std::move(o));  // after the warning handler, as in chunk_fwd
 }
 
 PyMethodDef methods[] = {

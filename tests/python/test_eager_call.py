@@ -135,3 +135,34 @@ def test_public_functions_take_the_eager_call(ar, device):
         lambda: ar.linear_attn_step(q[:, 0], k[:, 0], v[:, 0], (S, None), normalize=False)) == []
     assert "__call__" in _torch_ops_python_calls(
         lambda: torch.ops.attnrnn.chunk_fwd.default(*_chunk_args(inp, True)))
+
+
+def test_warning_turned_error_leaves_no_tensors_behind(ar, device):
+    """Under vmap the operator warns (its batching fallback); with warnings as errors the typed
+    call raises that warning, and the results it made are freed, not stranded."""
+    import gc
+    import warnings
+
+    from attnrnn import _C
+    q, k, v = (torch.randn(3, 1, 5, 2, 4, device=device) for _ in range(3))
+    per_sample = lambda q, k, v: _C.chunk_fwd(q, k, v, None, None, None, 0.5, 1e-6, "identity", True, False, 0,
+                                              False)[0]
+
+    def live_tensors():
+        gc.collect()
+        return sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
+
+    before = live_tensors()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(10):
+            with pytest.raises(UserWarning):
+                torch.vmap(per_sample)(q, k, v)
+    assert live_tensors() == before
+
+
+def test_eager_call_declines_integers_past_int64(ar, device):
+    """An int that does not fit the schema's int is torch.ops' error to raise, not the typed call's."""
+    from attnrnn import _C
+    inp = make_inputs(Case(1, 5, 2, 4, torch.float32), device)
+    assert _C.chunk_fwd(*_chunk_args(inp, True, chunk=2**80)) is NotImplemented
