@@ -155,10 +155,10 @@ def test_warning_turned_error_leaves_no_tensors_behind(ar, device):
     before = live_tensors()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for _ in range(10):
+        for _ in range(20):  # a leak would keep 4 tensors per call
             with pytest.raises(UserWarning):
                 torch.vmap(per_sample)(q, k, v)
-    assert live_tensors() == before
+    assert live_tensors() <= before  # other tests' leftovers may be freed meanwhile, never more
 
 
 def test_eager_call_declines_integers_past_int64(ar, device):
