@@ -247,7 +247,8 @@ def main(argv=None):
         for d in docs:
             for r in d["rows"]:
                 merged[(r["suite"], r["shape"], r["normalize"], r["mode"], r["impl"])] = r
-        env = dict(docs[0]["env"], merged_from=[{"file": p, "command": d["env"].get("command")}
+        env = dict(docs[0]["env"], merged_from=[{"file": p, "command": d["env"].get("command"),
+                                                 "host_probe_us": d["env"].get("host_probe_us")}
                                                 for p, d in zip(args.merge, docs)])
         if not args.out:
             parser.error("--merge needs --out")
@@ -276,6 +277,9 @@ def main(argv=None):
 
     out = Path(args.out or Path(__file__).parent / "results" / f"{device}.json")
     env = environment(device, fla)
+    if device == "cuda":
+        env["host_probe_us"] = timing.host_probe_us()
+        print(f"host probe (µs): {env['host_probe_us']}", file=sys.stderr)
     t0 = time.perf_counter()
     rows = []
 

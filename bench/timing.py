@@ -67,3 +67,24 @@ def peak_cuda_bytes(make_inputs, run):
     del inputs
     _settle()
     return peak
+
+
+def host_probe_us(calls=2000, batch=50):
+    """The host's speed in this run: median host time (µs) of torch.empty(0) on the GPU and of one
+    tiny kernel launch (x.add_(1)), waiting for the GPU between batches so that no launch queues.
+    Small calls of every implementation (fla's Triton launches most of all) scale with it, so runs
+    on different hosts compare only with it at hand."""
+    x = torch.zeros(64, device="cuda")
+    probes = {"empty_us": lambda: torch.empty(0, device="cuda"), "launch_us": lambda: x.add_(1)}
+    result = {}
+    for name, fn in probes.items():
+        times = []
+        for _ in range(calls // batch):
+            torch.cuda.synchronize()
+            for _ in range(batch):
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e6)
+        result[name] = round(statistics.median(times), 2)
+    torch.cuda.synchronize()
+    return result
