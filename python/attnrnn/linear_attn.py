@@ -65,18 +65,25 @@ def _split_state(state, normalize, name):
 
 def _sequence_op(fwd, q, k, v, scale, normalize, feature_map, eps, initial_state, output_final_state,
                  cu_seqlens, *extra):
-    for x, name in ((q, "q"), (k, "k"), (v, "v")):
-        _check_tensor(x, name)
+    # The common call (plain tensors, no state, no feature map) takes no helper: on an idle GPU the
+    # host's time before the launch is part of the call's time.
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        for x, name in ((q, "q"), (k, "k"), (v, "v")):
+            _check_tensor(x, name)
     if cu_seqlens is not None:
         _check_tensor(cu_seqlens, "cu_seqlens")
-    q, k, fm = _feature_map(q, k, feature_map)
-    S0, z0 = _split_state(initial_state, normalize, "initial_state")
+    fm = "identity"
+    if feature_map is not None:
+        q, k, fm = _feature_map(q, k, feature_map)
+    S0 = z0 = None
+    if initial_state is not None:
+        S0, z0 = _split_state(initial_state, normalize, "initial_state")
     # chunk_fwd also returns the denominators it saved for the backward (autograd keeps them)
-    o, S, z = fwd(q, k, v, S0, z0, cu_seqlens, _scale(scale, q.shape[-1]), float(eps), fm, bool(normalize),
-                  bool(output_final_state), *extra)[:3]
+    out = fwd(q, k, v, S0, z0, cu_seqlens, _scale(scale, q.shape[-1]), float(eps), fm, bool(normalize),
+              bool(output_final_state), *extra)
     if not output_final_state:
-        return o, None
-    return o, LinearAttnState(S, z if normalize else None)
+        return out[0], None
+    return out[0], LinearAttnState(out[1], out[2] if normalize else None)
 
 
 def chunk_linear_attn(
