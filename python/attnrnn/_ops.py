@@ -1,4 +1,5 @@
-"""Fake kernels of the torch.ops.attnrnn operators (defined in csrc/torch).
+"""Fake kernels of the torch.ops.attnrnn operators (defined in csrc/torch), and the eager calls
+the public functions use (chunk_fwd, step: attnrnn._C's typed call, else the operator).
 
 The linear-attention ops' autograd is in C++ (csrc/torch/autograd.cpp, at the Autograd key), so
 that a training step runs no Python between its kernels; the softmax ops' autograd is in
