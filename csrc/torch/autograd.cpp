@@ -12,7 +12,6 @@
 // the CUDA backward then skips its sweep over the sequence for them, as FlashAttention keeps the
 // softmax's log-sum-exp); the backward kernels recompute the states they need. The backward ops are differentiable once (create_graph=True records them),
 // but differentiating them again raises instead of silently treating their results as constants.
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/zeros.h>  // zeros_symint
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -22,23 +21,24 @@
 #include <string_view>
 #include <tuple>
 
+#include "operators.h"
+
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-using OptTensor = std::optional<at::Tensor>;
-using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // o, S, z, den
-using BackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using attnrnn::operators::BackwardResult;
+using attnrnn::operators::ForwardResult;
+using attnrnn::operators::OptTensor;
+namespace operators = attnrnn::operators;
 
-// The two sequence forms share everything but their op names and the chunk_size argument
-// (the recurrent form has none).
+// The two sequence forms share everything but their operators and the chunk_size argument (the
+// recurrent form has none).
 struct ChunkForm {
-  static constexpr const char* kForward = "attnrnn::chunk_fwd";
   static constexpr const char* kBackward = "attnrnn::chunk_bwd";
   static constexpr bool kHasChunkSize = true;
 };
 struct RecurrentForm {
-  static constexpr const char* kForward = "attnrnn::recurrent_fwd";
   static constexpr const char* kBackward = "attnrnn::recurrent_bwd";
   static constexpr bool kHasChunkSize = false;
 };
@@ -50,17 +50,11 @@ ForwardResult call_forward(const at::Tensor& q, const at::Tensor& k, const at::T
                            std::string_view feature_map, bool normalize, bool output_final_state,
                            int64_t chunk_size, bool save_den) {
   if constexpr (Form::kHasChunkSize) {
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Form::kForward, "").template typed<
-        ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
-                      const OptTensor&, double, double, std::string_view, bool, bool, int64_t, bool)>();
-    return op.call(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state, chunk_size,
-                   save_den);
+    return operators::chunk_fwd().call(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize,
+                                       output_final_state, chunk_size, save_den);
   } else {
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Form::kForward, "").template typed<
-        std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                       const OptTensor&, const OptTensor&, const OptTensor&, double,
-                                                       double, std::string_view, bool, bool)>();
-    auto [o, S, z] = op.call(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state);
+    auto [o, S, z] = operators::recurrent_fwd().call(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize,
+                                                     output_final_state);
     return {o, S, z, at::Tensor()};
   }
 }
@@ -71,17 +65,11 @@ BackwardResult call_backward(const at::Tensor& dout, const OptTensor& o, const O
                              const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
                              std::string_view feature_map, bool normalize, int64_t chunk_size, const OptTensor& den) {
   if constexpr (Form::kHasChunkSize) {
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Form::kBackward, "").template typed<
-        BackwardResult(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, const at::Tensor&,
-                       const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-                       double, double, std::string_view, bool, int64_t, const OptTensor&)>();
-    return op.call(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, chunk_size, den);
+    return operators::chunk_bwd().call(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
+                                       normalize, chunk_size, den);
   } else {
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Form::kBackward, "").template typed<
-        BackwardResult(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, const at::Tensor&,
-                       const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-                       double, double, std::string_view, bool)>();
-    return op.call(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize);
+    return operators::recurrent_bwd().call(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
+                                           normalize);
   }
 }
 

@@ -8,7 +8,6 @@
 #include <Python.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -17,9 +16,12 @@
 #include <string_view>
 #include <tuple>
 
+#include "operators.h"
+
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
+using attnrnn::operators::ForwardResult;
+using attnrnn::operators::OptTensor;
 
 // A call's positional arguments, read by type; `usable` turns false at the first one the typed
 // call cannot take as torch.ops would.
@@ -115,8 +117,6 @@ bool check_count(Py_ssize_t given, Py_ssize_t wanted, const char* name) {
   return false;
 }
 
-using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
 // chunk_fwd(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
 //           output_final_state, chunk_size, save_den) -> (o, S, z, den), as the schema.
 PyObject* chunk_fwd(PyObject*, PyObject* const* items, Py_ssize_t count) {
@@ -133,9 +133,7 @@ PyObject* chunk_fwd(PyObject*, PyObject* const* items, Py_ssize_t count) {
   const int64_t chunk_size = a.integer(11);
   const bool save_den = a.boolean(12);
   if (!a.usable) return not_implemented();
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("attnrnn::chunk_fwd", "").typed<
-      ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
-                    const OptTensor&, double, double, std::string_view, bool, bool, int64_t, bool)>();
+  const auto& op = attnrnn::operators::chunk_fwd();
   const GilReleased no_gil;
   out = op.call(*q, *k, *v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state, chunk_size,
                 save_den);
@@ -159,9 +157,7 @@ PyObject* step(PyObject*, PyObject* const* items, Py_ssize_t count) {
   const std::string_view feature_map = a.text(8);
   const bool normalize = a.boolean(9);
   if (!a.usable) return not_implemented();
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("attnrnn::step", "").typed<
-      at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, const OptTensor&,
-                 const OptTensor&, double, double, std::string_view, bool)>();
+  const auto& op = attnrnn::operators::step();
   at::Tensor state = *S;
   const GilReleased no_gil;
   o = op.call(*q, *k, *v, state, z, state_indices, scale, eps, feature_map, normalize);
