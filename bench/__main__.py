@@ -40,6 +40,8 @@ def _error(row, e):
 
 def _progress(row):
     extra = f"  peak {row['peak_mib']:.0f} MiB ({row['peak_ratio']:.2f}x io)" if row.get("peak_mib") is not None else ""
+    if row.get("gpu_ms") is not None:
+        extra = f"  GPU ahead {row['gpu_ms']:.3f} ms" + extra
     print(f"  {row['suite']} {row['shape']} normalize={row['normalize']} {row['mode']:7s} {row['impl']:20s}"
           f" {row['ms']:10.3f} ms{extra}", file=sys.stderr, flush=True)
 
@@ -90,6 +92,8 @@ def measure_train_impl(tag, normalize, impl, op, inputs, device, elem_bytes):
                     row["io_mib"] = io / MIB
                     row["peak_ratio"] = (peak + resident) / io
                 row["ms"] = median_ms(fwd if mode == "fwd" else fwdbwd, device)
+                if cuda and not timing.QUICK:
+                    row["gpu_ms"] = timing.gpu_ms(fwd if mode == "fwd" else fwdbwd)
             _progress(row)
         except Exception as e:  # one failing implementation must not cost the whole (GPU) run
             _error(row, e)

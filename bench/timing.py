@@ -35,6 +35,29 @@ def median_ms(fn, device, warmup=3, repeats=15, min_seconds=0.5):
     return statistics.median(times)
 
 
+# ~2 ms at the H200's 1.98 GHz: longer than the host's path through any call measured here.
+AHEAD_SLEEP_CYCLES = 4_000_000
+
+
+def gpu_ms(fn, repeats=20):
+    """The GPU's own time for fn(): fn enqueued behind a sleep kernel, so that the host has launched
+    all of it (the autograd engine's hand-off included) before the GPU gets there, minus the
+    sleep's own time; median_ms(fn) minus this is the host's share the GPU waited for."""
+    def median_event_ms(call):
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    sleep = lambda: torch.cuda._sleep(AHEAD_SLEEP_CYCLES)
+    return median_event_ms(lambda: (sleep(), fn())) - median_event_ms(sleep)
+
+
 def _settle():
     gc.collect()
     torch.cuda.synchronize()

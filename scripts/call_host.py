@@ -2,8 +2,9 @@
 calls): median per call between CUDA events (bench/'s method), the host time until the call
 returns with the GPU idle at its start, and the GPU's own time: for the forward, the kernels of a
 CUDA graph of 20 calls replayed (decode_probe.py's measure); with --backward (forward+backward as
-bench/ times it, gradients reset), the call enqueued behind a 2 ms sleep kernel, so that the host
-has launched everything (the autograd engine's hand-off included) before the GPU gets there.
+bench/ times it, gradients reset), bench.timing.gpu_ms: the call enqueued behind a sleep kernel,
+so that the host has launched everything (the autograd engine's hand-off included) before the GPU
+gets there.
 events - ahead is then the host's share the GPU waited for.
 
     PYTHONPATH=.:python:scripts python scripts/call_host.py B1-T65536-H16-D128 [--normalize] [--no-grad] [--backward]
@@ -15,16 +16,9 @@ import time
 import torch
 
 import attnrnn
+from bench.timing import gpu_ms
 from decode_probe import event_ms, one_call_and_kernel_ms
 from kernel_times import shapes_of
-
-SLEEP_CYCLES = 4_000_000  # ~2 ms at the H200's 1.98 GHz: longer than any call's host path here
-
-
-def ahead_ms(fn, reps=30):
-    """GPU time of fn() when the host enqueues it well before the GPU reaches it."""
-    sleep_only = event_ms(lambda: torch.cuda._sleep(SLEEP_CYCLES), reps)
-    return event_ms(lambda: (torch.cuda._sleep(SLEEP_CYCLES), fn()), reps) - sleep_only
 
 
 def main():
@@ -44,10 +38,10 @@ def main():
 
         for _ in range(3):
             fn()
-        per_call_ms, gpu_ms, gpu_label = event_ms(fn, 50), ahead_ms(fn), "GPU ahead"
+        per_call_ms, gpu_time_ms, gpu_label = event_ms(fn, 50), gpu_ms(fn, 30), "GPU ahead"
     else:
         fn = lambda: attnrnn.chunk_linear_attn(q, k, v, normalize=normalize)
-        (per_call_ms, gpu_ms), gpu_label = one_call_and_kernel_ms(fn), "kernels (graph)"
+        (per_call_ms, gpu_time_ms), gpu_label = one_call_and_kernel_ms(fn), "kernels (graph)"
     host = []
     for _ in range(50):
         torch.cuda.synchronize()
@@ -57,7 +51,7 @@ def main():
     torch.cuda.synchronize()
     print(f"{sys.argv[1]} norm={int(normalize)} {'fwd+bwd' if backward else f'grad={int(torch.is_grad_enabled())}'}: "
           f"events {per_call_ms * 1e3:7.1f} us, host {statistics.median(host):6.1f} us (min {min(host):6.1f}), "
-          f"{gpu_label} {gpu_ms * 1e3:7.1f} us", flush=True)
+          f"{gpu_label} {gpu_time_ms * 1e3:7.1f} us", flush=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ IFS='|' read -ra configs <<<"$CONFIGS"
 for config in "${configs[@]}"; do
   for tree in $OLD "$PWD"; do
     label=$([ "$tree" = "$PWD" ] && echo this || basename "$tree")
-    PYTHONPATH=$tree/python:$PWD/scripts python3 scripts/call_host.py $config 2>&1 | grep -v -i warn | sed "s/^/$label /"
+    PYTHONPATH=$tree/python:$PWD:$PWD/scripts python3 scripts/call_host.py $config 2>&1 | grep -v -i warn | sed "s/^/$label /"
   done
 done | tee "$OUT/call_host.txt"
 for tree in $OLD "$PWD"; do
