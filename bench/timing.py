@@ -43,19 +43,9 @@ def gpu_ms(fn, repeats=20):
     """The GPU's own time for fn(): fn enqueued behind a sleep kernel, so that the host has launched
     all of it (the autograd engine's hand-off included) before the GPU gets there, minus the
     sleep's own time; median_ms(fn) minus this is the host's share the GPU waited for."""
-    def median_event_ms(call):
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-
     sleep = lambda: torch.cuda._sleep(AHEAD_SLEEP_CYCLES)
-    return median_event_ms(lambda: (sleep(), fn())) - median_event_ms(sleep)
+    ahead = lambda call: median_ms(call, "cuda", warmup=1, repeats=repeats, min_seconds=0.0)
+    return ahead(lambda: (sleep(), fn())) - ahead(sleep)
 
 
 def _settle():
