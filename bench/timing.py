@@ -82,22 +82,29 @@ def peak_cuda_bytes(make_inputs, run):
     return peak
 
 
-def host_probe_us(calls=2000, batch=50):
-    """The host's speed in this run: median host time (µs) of torch.empty(0) on the GPU and of one
-    tiny kernel launch (x.add_(1)), waiting for the GPU between batches so that no launch queues.
-    Small calls of every implementation (fla's Triton launches most of all) scale with it, so runs
-    on different hosts compare only with it at hand."""
+def host_us(fn, calls=2000, batch=50, busy=False):
+    """Median host time (µs) until fn() returns, in batches with the GPU waited for between them, so
+    that no launch queues behind earlier ones; busy: a sleep kernel keeps the GPU occupied through
+    each batch (no launch waits for an idle GPU either)."""
+    for _ in range(batch):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls // batch):
+        if busy:
+            torch.cuda._sleep(50_000_000)
+        for _ in range(batch):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def host_probe_us():
+    """The host's speed in this run: host_us of torch.empty(0) on the GPU and of one tiny kernel
+    launch (x.add_(1)). Small calls of every implementation (fla's Triton launches most of all)
+    scale with it, so runs on different hosts compare only with it at hand."""
     x = torch.zeros(64, device="cuda")
     probes = {"empty_us": lambda: torch.empty(0, device="cuda"), "launch_us": lambda: x.add_(1)}
-    result = {}
-    for name, fn in probes.items():
-        times = []
-        for _ in range(calls // batch):
-            torch.cuda.synchronize()
-            for _ in range(batch):
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e6)
-        result[name] = round(statistics.median(times), 2)
-    torch.cuda.synchronize()
-    return result
+    return {name: round(host_us(fn), 2) for name, fn in probes.items()}

@@ -22,7 +22,7 @@ for config in "${configs[@]}"; do
 done | tee "$OUT/call_host.txt"
 for tree in $OLD "$PWD"; do
   label=$([ "$tree" = "$PWD" ] && echo this || basename "$tree")
-  PYTHONPATH=$tree/python:$PWD/scripts python3 scripts/host_paths.py 2>&1 | grep -v -i warn | sed "s/^/$label /"
+  PYTHONPATH=$tree/python:$PWD:$PWD/scripts python3 scripts/host_paths.py 2>&1 | grep -v -i warn | sed "s/^/$label /"
 done | tee "$OUT/host_paths.txt"
 SKIP_BUILD=1 OUT="$OUT/tests" TEST_FILES="${TEST_FILES:-test_eager_call.py test_gradcheck.py test_errors.py test_opcheck.py test_cuda.py}" \
   bash scripts/gpu_suite.sh tests | grep '^test_' | tee "$OUT/tests_summary.txt"

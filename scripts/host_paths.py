@@ -3,32 +3,15 @@ operator called directly (packet and overload), and plain PyTorch calls of one a
 kernel for comparison; at a tiny shape (the GPU never holds the host back) and at training shapes
 (a sleep kernel keeps the GPU busy, so no launch waits).
 
-    PYTHONPATH=python:scripts python scripts/host_paths.py
+    PYTHONPATH=.:python:scripts python scripts/host_paths.py
 """
-import statistics
-import time
 
 import torch
 
 import attnrnn
 from attnrnn._ops import ops
+from bench.timing import host_us
 from kernel_times import shape_name
-
-
-def host_us(fn, calls=300, busy=False):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(calls // 20):
-        if busy:
-            torch.cuda._sleep(50_000_000)
-        for _ in range(20):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
 
 
 def main():
@@ -50,19 +33,19 @@ def main():
                                                                             "identity", normalize, False, 0, False)
             for name, fn in rows.items():
                 print(f"{shape_name(*shape)} norm={int(normalize)} {name:28s} "
-                      f"{host_us(fn, busy=busy):6.1f} us", flush=True)
+                      f"{host_us(fn, calls=300, batch=20, busy=busy):6.1f} us", flush=True)
     x = torch.zeros(64, device="cuda")
     for name, fn in {"torch.empty(0)": lambda: torch.empty(0, device="cuda"),
                      "torch.empty(1 MiB)": lambda: torch.empty(1 << 18, device="cuda"),
                      "x.add_(1) (one kernel)": lambda: x.add_(1),
                      "torch.ops.aten.add_.Scalar": lambda: torch.ops.aten.add_.Scalar(x, 1)}.items():
-        print(f"{name:40s} {host_us(fn):6.1f} us", flush=True)
+        print(f"{name:40s} {host_us(fn, calls=300, batch=20):6.1f} us", flush=True)
     qd, kd, vd = (torch.randn(64, 32, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     S = torch.zeros(64, 32, 128, 128, device="cuda")
     st = attnrnn.LinearAttnState(S)
     for name, fn in {"public linear_attn_step B64": lambda: attnrnn.linear_attn_step(qd, kd, vd, st, normalize=False, scale=1.0),
                      "ops.step.default B64": lambda: ops.step.default(qd, kd, vd, S, None, None, 1.0, 1e-6, "identity", False)}.items():
-        print(f"{name:40s} {host_us(fn, busy=True):6.1f} us", flush=True)
+        print(f"{name:40s} {host_us(fn, calls=300, batch=20, busy=True):6.1f} us", flush=True)
 
 
 if __name__ == "__main__":
