@@ -83,6 +83,22 @@ def test_step_matches_reference(ar, ref, device, dtype, rank, feature_map):
         torch.testing.assert_close(z, z_ref.float(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "unnorm"])
+def test_step_large_query_group_matches_reference(ar, ref, device, normalize):
+    """12 query heads per kv head at K = 50: on CUDA, 600 elements of q per block (more than one per
+    thread of 256) and two register passes over the heads (8, then 4)."""
+    B, H, Hkv, K, V = 3, 12, 1, 50, 24
+    q, k, v = (x[:, 0] for x in _inputs(B, 1, H, Hkv, K, V, torch.float32, device))
+    S = torch.randn(B, Hkv, K, V, device=device)
+    z = torch.rand(B, Hkv, K, device=device) * 5 + 1 if normalize else None
+    S_ref, z_ref = S.double(), (z.double() if normalize else None)
+    kw = dict(feature_map="elu1", normalize=normalize, scale=0.3)
+    o = ar.linear_attn_step(q, k, v, (S, z), **kw)
+    o_ref = ref.linear_attn_step(q.double(), k.double(), v.double(), (S_ref, z_ref), **kw)
+    torch.testing.assert_close(o, o_ref.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(S, S_ref.float(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
 def test_step_state_indices_address_pool_rows_and_skip_negative(ar, ref, device, index_dtype):
     P, B, H, K, V = 6, 4, 2, 16, 8

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The decode step of this tree against OLD trees (scripts/build_trees.sh builds them beside it):
+# scripts/decode_probe.py per tree, alternating, on GPU 0 alone (one call and the kernel alone); then
+# this tree's step tests on CUDA and compute-sanitizer's four tools over them (GPU 1 when present);
+# then bench's decode rows with fla beside ours.
+#   scripts/stage_gpu.sh <branch> old=main                      (here)
+#   cd .gpu && OLD=old OUT=$OUT bash scripts/decode_ab.sh       (the device call)
+set -uo pipefail
+OLD=${OLD:?set OLD to the other trees, e.g. OLD=old}
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+OUT=$OUT bash scripts/build_trees.sh . $OLD || exit 1
+fla=$(ls .whl/fla_core-*.whl 2>/dev/null | head -1)
+for round in 1 2; do
+  for tree in $OLD "$PWD"; do
+    label=$([ "$tree" = "$PWD" ] && echo this || basename "$tree")
+    (cd "$tree" && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$PWD:$PWD/python python3 scripts/decode_probe.py --B ${PROBE_B:-8 64 256} 2>&1 |
+      grep -v -i warn | sed "s/^/$label round $round /")
+  done
+done | tee "$OUT/decode_probe.txt"
+export PYTHONPATH=$PWD/python:$PWD/tests/python
+sanitizer_gpu=$([ "$(nvidia-smi -L | wc -l)" -gt 1 ] && echo 1 || echo 0)
+STEP_TESTS="tests/python/test_decode.py tests/python/test_sanitizer_cases.py tests/python/test_cuda.py"
+CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider $STEP_TESTS -k "cuda and step and not softmax" -rf \
+  >"$OUT/tests.log" 2>&1
+echo "step tests on CUDA: $(tail -1 "$OUT/tests.log")" | tee "$OUT/summary.txt"
+# Not the CUDA-graph test: capture cannot allocate without the caching allocator (its cudaMalloc
+# invalidates the capture), which the sanitizer runs switch off.
+for tool in memcheck racecheck initcheck synccheck; do
+  CUDA_VISIBLE_DEVICES=$sanitizer_gpu PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+    python3 -m pytest -q -p no:cacheprovider $STEP_TESTS -k "cuda and step and not softmax and not graph" \
+    >"$OUT/sanitize_$tool.log" 2>&1
+  echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1))"
+done | tee -a "$OUT/summary.txt"
+if [ -n "$fla" ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$fla" && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$PWD:$PYTHONPATH python3 -m bench --device cuda --suite decode --out "$OUT/decode_bench.json" 2>&1 |
+  grep -E "^decode|^target|step" | tee -a "$OUT/summary.txt"
