@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The decode step of this tree against OLD trees (scripts/build_trees.sh builds them beside it):
-# scripts/decode_probe.py per tree, alternating, on GPU 0 alone (one call and the kernel alone); then
-# this tree's step tests on CUDA and compute-sanitizer's four tools over them (GPU 1 when present);
-# then bench's decode rows with fla beside ours.
+# scripts/decode_probe.py per tree, alternating, on GPU 0 alone (one call and the kernel alone; the
+# first round also with normalize; then this tree once per KNOB_RUNS entry, e.g.
+# KNOB_RUNS="ATTNRNN_STEP_TILES=2 ATTNRNN_STEP_TILES=4"); then this tree's step tests on CUDA (also
+# per KNOB_RUNS entry) and compute-sanitizer's four tools over them (GPU 1 when present); then
+# bench's decode rows with fla beside ours.
 #   scripts/stage_gpu.sh <branch> old=main                      (here)
 #   cd .gpu && OLD=old OUT=$OUT bash scripts/decode_ab.sh       (the device call)
 set -uo pipefail
@@ -11,19 +13,34 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 OUT=$OUT bash scripts/build_trees.sh . $OLD || exit 1
 fla=$(ls .whl/fla_core-*.whl 2>/dev/null | head -1)
+probe=$PWD/scripts/decode_probe.py  # this tree's probe for every tree (its --normalize)
+run_probe() {  # tree label extra-args...; KNOB: an optional VAR=value for the probe's process
+  local tree=$1 label=$2
+  shift 2
+  (cd "$tree" && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$PWD:$PWD/python env ${KNOB:-} python3 "$probe" --B ${PROBE_B:-8 64 256} "$@" 2>&1 |
+    grep -v -i warn | sed "s/^/$label /")
+}
 for round in 1 2; do
   for tree in $OLD "$PWD"; do
     label=$([ "$tree" = "$PWD" ] && echo this || basename "$tree")
-    (cd "$tree" && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$PWD:$PWD/python python3 scripts/decode_probe.py --B ${PROBE_B:-8 64 256} 2>&1 |
-      grep -v -i warn | sed "s/^/$label round $round /")
+    run_probe "$tree" "$label round $round"
+    [ $round = 1 ] && run_probe "$tree" "$label round $round" --normalize
   done
 done | tee "$OUT/decode_probe.txt"
+for knob in ${KNOB_RUNS:-}; do
+  KNOB=$knob run_probe "$PWD" "this $knob"
+done | tee -a "$OUT/decode_probe.txt"
 export PYTHONPATH=$PWD/python:$PWD/tests/python
 sanitizer_gpu=$([ "$(nvidia-smi -L | wc -l)" -gt 1 ] && echo 1 || echo 0)
 STEP_TESTS="tests/python/test_decode.py tests/python/test_sanitizer_cases.py tests/python/test_cuda.py"
 CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider $STEP_TESTS -k "cuda and step and not softmax" -rf \
   >"$OUT/tests.log" 2>&1
 echo "step tests on CUDA: $(tail -1 "$OUT/tests.log")" | tee "$OUT/summary.txt"
+for knob in ${KNOB_RUNS:-}; do  # knobs are read once per process: one run per entry
+  CUDA_VISIBLE_DEVICES=0 env "$knob" python3 -m pytest -q -p no:cacheprovider $STEP_TESTS \
+    -k "cuda and step and not softmax" -rf >"$OUT/tests_${knob//=/_}.log" 2>&1
+  echo "step tests on CUDA, $knob: $(tail -1 "$OUT/tests_${knob//=/_}.log")"
+done | tee -a "$OUT/summary.txt"
 # Not the CUDA-graph test: capture cannot allocate without the caching allocator (its cudaMalloc
 # invalidates the capture), which the sanitizer runs switch off.
 for tool in memcheck racecheck initcheck synccheck; do

@@ -1,4 +1,4 @@
-"""Times linear_attn_step (bf16 inputs, fp32 state, normalize off) at several batch sizes, two ways:
+"""Times linear_attn_step (bf16 inputs, fp32 state, normalize off unless --normalize) at several batch sizes, two ways:
 one call between CUDA events (what bench/ reports: the op's host overhead included) and the kernel
 alone (20 steps captured in a CUDA graph, replayed). Prints % of the state's read + write floor at
 the measured copy rate. ATTNRNN_STEP_TILES (read once per process) forces the decode step's value
@@ -50,6 +50,7 @@ def main():
     ap.add_argument("--B", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--H", type=int, default=32)
     ap.add_argument("--D", type=int, default=128)
+    ap.add_argument("--normalize", action="store_true", help="attnrnn's step with the key sum z (fla: without)")
     ap.add_argument("--fla", default="none", help="also time fla's fused_recurrent_linear_attn: auto, a wheel or a "
                     "site directory (as bench's --fla)")
     args = ap.parse_args()
@@ -61,8 +62,9 @@ def main():
     for B in args.B:
         q, k, v = (torch.randn(B, args.H, args.D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         S = torch.randn(B, args.H, args.D, args.D, device="cuda") * 0.01
-        state = attnrnn.LinearAttnState(S.clone())
-        impls = {"attnrnn": lambda: attnrnn.linear_attn_step(q, k, v, state, normalize=False, scale=1.0)}
+        z = torch.rand(B, args.H, args.D, device="cuda") + 1 if args.normalize else None
+        state = attnrnn.LinearAttnState(S.clone(), z)
+        impls = {"attnrnn": lambda: attnrnn.linear_attn_step(q, k, v, state, normalize=args.normalize, scale=1.0)}
         if fla is not None:
             q4, k4, v4 = (t.unsqueeze(1) for t in (q, k, v))
             impls["fla_fused_recurrent"] = lambda: fla(q4, k4, v4, initial_state=S, output_final_state=True)[0]
@@ -70,7 +72,7 @@ def main():
         for name, step in impls.items():
             with torch.no_grad():
                 one, kernel = one_call_and_kernel_ms(step)
-            print(f"{knobs} {name:20s} B{B}-H{args.H}-D{args.D}: one call {one * 1e3:7.1f} us "
+            print(f"{knobs} {name:20s} {'norm ' if args.normalize and name == 'attnrnn' else ''}B{B}-H{args.H}-D{args.D}: one call {one * 1e3:7.1f} us "
                   f"({100 * floor / one:4.1f}% floor)  kernel {kernel * 1e3:7.1f} us ({100 * floor / kernel:4.1f}% floor)"
                   f"  floor {floor * 1e3:6.1f} us", flush=True)
 
