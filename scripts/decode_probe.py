@@ -1,5 +1,5 @@
-"""Times linear_attn_step (bf16 inputs, fp32 state, normalize off unless --normalize) at several batch sizes, two ways:
-one call between CUDA events (what bench/ reports: the op's host overhead included) and the kernel
+"""Times linear_attn_step (bf16 inputs, fp32 state, normalize off unless --normalize) at several batch
+sizes, two ways: one call between CUDA events (what bench/ reports: the op's host overhead included) and the kernel
 alone (20 steps captured in a CUDA graph, replayed). Prints % of the state's read + write floor at
 the measured copy rate. ATTNRNN_STEP_TILES (read once per process) forces the decode step's value
 tiles. --fla also times fla's fused_recurrent_linear_attn (T = 1) both ways.
@@ -72,7 +72,8 @@ def main():
         for name, step in impls.items():
             with torch.no_grad():
                 one, kernel = one_call_and_kernel_ms(step)
-            print(f"{knobs} {name:20s} {'norm ' if args.normalize and name == 'attnrnn' else ''}B{B}-H{args.H}-D{args.D}: one call {one * 1e3:7.1f} us "
+            mode = "norm " if args.normalize and name == "attnrnn" else ""
+            print(f"{knobs} {name:20s} {mode}B{B}-H{args.H}-D{args.D}: one call {one * 1e3:7.1f} us "
                   f"({100 * floor / one:4.1f}% floor)  kernel {kernel * 1e3:7.1f} us ({100 * floor / kernel:4.1f}% floor)"
                   f"  floor {floor * 1e3:6.1f} us", flush=True)
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One kernel launch under ncu (the second that matches: the first is a warm-up or a checked run),
 # with warp-stall samples per SASS instruction, summarized on stdout: duration, registers, cycles
-# per issued instruction, DRAM and memory throughput, L2 hit rate, occupancy, then scripts/stall_sites.py's samples per opcode and reason and its top
-# instructions. Files: OUTDIR/NAME.ncu-rep, NAME.txt (ncu's pages), NAME.sass.csv (per instruction).
+# per issued instruction, DRAM and memory throughput, L2 hit rate, occupancy, then
+# scripts/stall_sites.py's samples per opcode and reason and its top instructions. Files:
+# OUTDIR/NAME.ncu-rep, NAME.txt (ncu's pages), NAME.sass.csv (per instruction).
 #   scripts/ncu_sites.sh OUTDIR NAME "KERNEL FILTER" COMMAND...
 #   e.g. scripts/ncu_sites.sh out lib "--kernel-name regex:chunk_wg_kernel" /tmp/probe 8 8192 16 lib
 # The filter is split into words unglobbed (regexes may hold * and parentheses). Used by

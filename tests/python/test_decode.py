@@ -97,6 +97,8 @@ def test_step_large_query_group_matches_reference(ar, ref, device, normalize):
     o_ref = ref.linear_attn_step(q.double(), k.double(), v.double(), (S_ref, z_ref), **kw)
     torch.testing.assert_close(o, o_ref.float(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(S, S_ref.float(), rtol=1e-5, atol=1e-5)
+    if normalize:
+        torch.testing.assert_close(z, z_ref.float(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
