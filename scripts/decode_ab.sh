@@ -32,21 +32,20 @@ for knob in ${KNOB_RUNS:-}; do
 done | tee -a "$OUT/decode_probe.txt"
 export PYTHONPATH=$PWD/python:$PWD/tests/python
 sanitizer_gpu=$([ "$(nvidia-smi -L | wc -l)" -gt 1 ] && echo 1 || echo 0)
-STEP_TESTS="tests/python/test_decode.py tests/python/test_sanitizer_cases.py tests/python/test_cuda.py"
-CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider $STEP_TESTS -k "cuda and step and not softmax" -rf \
-  >"$OUT/tests.log" 2>&1
-echo "step tests on CUDA: $(tail -1 "$OUT/tests.log")" | tee "$OUT/summary.txt"
-for knob in ${KNOB_RUNS:-}; do  # knobs are read once per process: one run per entry
-  CUDA_VISIBLE_DEVICES=0 env "$knob" python3 -m pytest -q -p no:cacheprovider $STEP_TESTS \
-    -k "cuda and step and not softmax" -rf >"$OUT/tests_${knob//=/_}.log" 2>&1
-  echo "step tests on CUDA, $knob: $(tail -1 "$OUT/tests_${knob//=/_}.log")"
-done | tee -a "$OUT/summary.txt"
+STEP_TESTS=(python3 -m pytest -q -p no:cacheprovider -rf tests/python/test_decode.py tests/python/test_sanitizer_cases.py
+  tests/python/test_cuda.py)
+STEP_K="cuda and step and not softmax"
+# knobs are read once per process: one run per KNOB_RUNS entry, after the default ("")
+for knob in "" ${KNOB_RUNS:-}; do
+  log="$OUT/tests${knob:+_${knob//=/_}}.log"
+  CUDA_VISIBLE_DEVICES=0 env $knob "${STEP_TESTS[@]}" -k "$STEP_K" >"$log" 2>&1
+  echo "step tests on CUDA${knob:+, $knob}: $(tail -1 "$log")"
+done | tee "$OUT/summary.txt"
 # Not the CUDA-graph test: capture cannot allocate without the caching allocator (its cudaMalloc
 # invalidates the capture), which the sanitizer runs switch off.
 for tool in memcheck racecheck initcheck synccheck; do
   CUDA_VISIBLE_DEVICES=$sanitizer_gpu PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool --error-exitcode 9 \
-    python3 -m pytest -q -p no:cacheprovider $STEP_TESTS -k "cuda and step and not softmax and not graph" \
-    >"$OUT/sanitize_$tool.log" 2>&1
+    "${STEP_TESTS[@]}" -k "$STEP_K and not graph" >"$OUT/sanitize_$tool.log" 2>&1
   echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1))"
 done | tee -a "$OUT/summary.txt"
 if [ -n "$fla" ]; then

@@ -1,6 +1,6 @@
 """Times linear_attn_step (bf16 inputs, fp32 state, normalize off unless --normalize) at several batch
-sizes, two ways: one call between CUDA events (what bench/ reports: the op's host overhead included) and the kernel
-alone (20 steps captured in a CUDA graph, replayed). Prints % of the state's read + write floor at
+sizes, two ways: one call between CUDA events (what bench/ reports: the op's host overhead
+included) and the kernel alone (20 steps captured in a CUDA graph, replayed). Prints % of the state's read + write floor at
 the measured copy rate. ATTNRNN_STEP_TILES (read once per process) forces the decode step's value
 tiles. --fla also times fla's fused_recurrent_linear_attn (T = 1) both ways.
     PYTHONPATH=.:python python scripts/decode_probe.py --B 1 8 64 256 [--fla .whl/fla_core-0.6.0-py3-none-any.whl]"""
