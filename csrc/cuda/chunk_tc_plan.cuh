@@ -84,14 +84,22 @@ struct TcSplit {
   int seg_chunks = 1 << 30;  // chunks per segment, in sweep order
   bool state_only = false;
   float* partial = nullptr;  // [segments][N][Hkv][tiles][tc_partial_floats] (chunk_wg: WgLayout's)
+  // dv's pass 1 on chunk_wg_state_kernel (unnormalized, K = V = 128) also writes its states
+  // transposed here, in the same layout: dk's partials, whose own pass 1 is then skipped
+  // (launch_chunk_bwd_tc, shared_dkv_state_pass).
+  float* partial_t = nullptr;
 
   // Segment j's partial of the block of sequence n, kv head g and output tile `tile` of `tiles`, in
   // launch_sweep's grid (sequences x segments x tiles, kv heads): where pass 1 writes it and pass 2
-  // reads it.
+  // reads it. partial_in: the same place in another buffer of this layout (partial_t).
+  __device__ __forceinline__ float* partial_in(float* base, int j, int64_t n, int64_t g, int64_t Hkv, int tiles,
+                                               int tile, int64_t floats) const {
+    const int64_t N = gridDim.x / tiles / segments;
+    return base + (((int64_t(j) * N + n) * Hkv + g) * tiles + tile) * floats;
+  }
   __device__ __forceinline__ float* partial_at(int j, int64_t n, int64_t g, int64_t Hkv, int tiles, int tile,
                                                int64_t floats) const {
-    const int64_t N = gridDim.x / tiles / segments;
-    return partial + (((int64_t(j) * N + n) * Hkv + g) * tiles + tile) * floats;
+    return partial_in(partial, j, n, g, Hkv, tiles, tile, floats);
   }
 };
 

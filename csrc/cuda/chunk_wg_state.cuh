@@ -253,6 +253,23 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
     if (tid < D) z_part[tid] = dz[tid];
   }
   if (tid < L::z_floats && (!(kSumsZ || kSumsDz) || tid >= ZT * 64)) z_part[tid] = 0.f;
+
+  // ---- dk's partials from the same sums (split.partial_t) ----------------------------------------------
+  // dv sums U = sum_t (phi(q_t))^T (w dout_t) [K][V], dk R = sum_t dout_t^T (w phi(q_t)) [V][K] over
+  // the same (chunk, query head) steps: R = U^T, rounded apart only in which operand took w. This
+  // block holds U's rows [64 h, 64 h + 64) of its value columns [64 tile, 64 tile + 64), which are
+  // rows [64 tile, ...) of dk's output tile h.
+  if constexpr (R == TcRole::kGradV && !WithNormalizer && DI == 128) {
+    if (split.partial_t != nullptr) {
+#pragma unroll
+      for (int h = 0; h < KT; ++h) {
+        float* dk_part = split.partial_in(split.partial_t, seg, n, g, Hkv, tiles, h, WgLayout<DI>::partial_floats);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) dk_part[(tile * D + wg_acc_col(tid, i)) * D + wg_acc_row(tid, i)] = S[h][i];
+        if (tile == 0 && tid < L::z_floats) dk_part[DI * D + tid] = 0.f;  // no z without the normalizer
+      }
+    }
+  }
 #elif defined(__CUDA_ARCH__)
   __trap();  // launched from an image without sm_90a code: fail loudly rather than leave partials unwritten
 #endif

@@ -17,7 +17,9 @@
 //             128-token chunks; WgPairLayout)
 //   pass 1    a split wgmma sweep sums its segments' states on chunk_wg_state.cuh (B and Cv only, in
 //             as many stages as fit; the fused dk + dv sweep's with the normalizer, and every one
-//             with ATTNRNN_WG_STATE_PASS=0, runs on the sweep's kernel)
+//             with ATTNRNN_WG_STATE_PASS=0, runs on the sweep's kernel); without the normalizer at
+//             K = V = 128 dv's pass also writes dk's partials (their states are transposes), and dk
+//             runs no pass 1 (shared_dkv_state_pass)
 //   den       with normalize, the backward's w and dd come from the forward's saved w when it is
 //             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
 //   overlap   with ATTNRNN_BWD_CONCURRENT=1 the backward's dq, dk and dv sweeps run at once (dk
@@ -92,6 +94,29 @@ inline bool wg_state_pass_enabled() {
   return enabled;
 }
 
+// dk's and dv's pass 1 as one (TcSplit::partial_t): dv's also writes dk's partials, and dk's own is
+// skipped. Without the normalizer, at K = V = 128, where both sweeps split alike on one stream, in
+// that order. At B1-T65536-H16-D128 that is one state pass less (~130 us: q and dout read once).
+// ATTNRNN_BWD_SHARED_STATE_PASS=0 gives each its own (for measuring).
+struct Pass1Share {
+  float* transposed_to = nullptr;  // dv: dk's partials
+  bool done = false;               // dk: written by dv's pass 1
+};
+inline bool shared_dkv_state_pass(const LinearAttnParams& p, bool wg, bool one_stream) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ATTNRNN_BWD_SHARED_STATE_PASS");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  if (!enabled || !wg || !one_stream || p.normalize || p.workspace == nullptr || p.head_dim_k != 128 ||
+      p.head_dim_v != 128 || !wg_state_pass_enabled())
+    return false;
+  const bool pair = wgmma_pair<TcRole::kGradK>(p);
+  if (pair != wgmma_pair<TcRole::kGradV>(p)) return false;
+  const int dk = pair ? wg_pair_segments<TcRole::kGradK>(p) : wg_segments<TcRole::kGradK, 128>(p);
+  const int dv = pair ? wg_pair_segments<TcRole::kGradV>(p) : wg_segments<TcRole::kGradV, 128>(p);
+  return dk > 1 && dk == dv;
+}
+
 // Pass 1 of a split wgmma sweep of role R on chunk_wg_state_kernel; chunk: pass 2's chunk length,
 // BlocksPerSm: the blocks per SM its split assumes.
 template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer>
@@ -106,14 +131,18 @@ Status launch_wg_state_pass(const LinearAttnParams& p, const TcFeatures& feat, i
 }
 
 // launch_sweep for the wgmma kernels: with the state pass where the role has one and it is enabled
-// (BlocksPerSm: the blocks per SM of the sweep's split).
+// (BlocksPerSm: the blocks per SM of the sweep's split), shared between dk and dv as `share` says.
 template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer, class Kernel>
 Status launch_wg_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, float* partial, int segments,
-                       int64_t tiles, const TcFeatures& feat, const char* what, int threads, int chunk) {
+                       int64_t tiles, const TcFeatures& feat, const char* what, int threads, int chunk,
+                       Pass1Share share = {}) {
   if constexpr (kHasWgStatePass<R, WithNormalizer>) {
     if (wg_state_pass_enabled()) {
       auto state_pass = [&](const TcSplit& split, dim3 grid, cudaStream_t stream) {
-        return launch_wg_state_pass<T, R, DI, BlocksPerSm, WithNormalizer>(p, feat, chunk, split, grid, stream, what);
+        if (share.done) return Status::kSuccess;
+        TcSplit with = split;
+        with.partial_t = share.transposed_to;
+        return launch_wg_state_pass<T, R, DI, BlocksPerSm, WithNormalizer>(p, feat, chunk, with, grid, stream, what);
       };
       return launch_sweep(kernel, bytes, p, partial, segments, tiles, feat, what, threads, chunk, state_pass);
     }
@@ -181,25 +210,29 @@ Status check_normalize_mode(const LinearAttnParams& p, const char* what) {
 }
 
 template <class T, TcRole R, int DI, bool WithNormalizer>
-Status launch_wg_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
+Status launch_wg_role(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what,
+                      Pass1Share share = {}) {
   if (const Status s = check_normalize_mode<WithNormalizer>(p, what); s != Status::kSuccess) return s;
   using L = WgLayoutOf<R, DI>;
   return launch_wg_sweep<T, R, DI, L::min_blocks, WithNormalizer>(chunk_wg_kernel<T, R, DI, WithNormalizer>,
                                                                    L::smem_bytes, p, partial, wg_segments<R, DI>(p),
-                                                                   wg_tiles<R>(p), feat, what, kTcThreads, kTcChunk);
+                                                                   wg_tiles<R>(p), feat, what, kTcThreads, kTcChunk,
+                                                                   share);
 }
 template <class T, TcRole R, bool WithNormalizer>
-Status launch_wg_pair(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what) {
+Status launch_wg_pair(const LinearAttnParams& p, float* partial, const TcFeatures& feat, const char* what,
+                      Pass1Share share = {}) {
   if (const Status s = check_normalize_mode<WithNormalizer>(p, what); s != Status::kSuccess) return s;
   // one block per SM, as wg_pair_segments splits
   return launch_wg_sweep<T, R, 64 * WgPairLayout::KT, 1, WithNormalizer>(
       chunk_wg_pair_kernel<T, R, WithNormalizer>, WgPairLayout::smem_bytes, p, partial, wg_pair_segments<R>(p),
-      wg_tiles<R>(p), feat, what, WgPairLayout::threads, WgPairLayout::chunk);
+      wg_tiles<R>(p), feat, what, WgPairLayout::threads, WgPairLayout::chunk, share);
 }
 template <class T, TcRole R, bool WithNormalizer>
-Status launch_wg(const LinearAttnParams& p, int64_t inner, float* partial, const TcFeatures& feat, const char* what) {
-  return inner == 64 ? launch_wg_role<T, R, 64, WithNormalizer>(p, partial, feat, what)
-                     : launch_wg_role<T, R, 128, WithNormalizer>(p, partial, feat, what);
+Status launch_wg(const LinearAttnParams& p, int64_t inner, float* partial, const TcFeatures& feat, const char* what,
+                 Pass1Share share = {}) {
+  return inner == 64 ? launch_wg_role<T, R, 64, WithNormalizer>(p, partial, feat, what, share)
+                     : launch_wg_role<T, R, 128, WithNormalizer>(p, partial, feat, what, share);
 }
 // The wgmma forward. Without normalize it runs kernels compiled without the normalizer, whose
 // registers and branches would otherwise cost the unnormalized steps (H200: 249.5 -> 255.7 us at
@@ -263,10 +296,11 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   float* dk_partial = reinterpret_cast<float*>(base + r.dk_offset);
   float* dv_partial = reinterpret_cast<float*>(base + r.dv_offset);
   const bool wg = wgmma_sweeps(p, true, feat);
-  auto sweep = [&](auto role, const LinearAttnParams& on, int64_t inner, float* part, const char* what) {
+  auto sweep = [&](auto role, const LinearAttnParams& on, int64_t inner, float* part, const char* what,
+                   Pass1Share share = {}) {
     constexpr TcRole R = decltype(role)::value;
-    if (wg && wgmma_pair<R>(on)) return launch_wg_pair<T, R, WithNormalizer>(on, part, feat, what);
-    return wg ? launch_wg<T, R, WithNormalizer>(on, inner, part, feat, what)
+    if (wg && wgmma_pair<R>(on)) return launch_wg_pair<T, R, WithNormalizer>(on, part, feat, what, share);
+    return wg ? launch_wg<T, R, WithNormalizer>(on, inner, part, feat, what, share)
               : launch_tc<T, R>(on, inner, part, feat, what);
   };
   using GradQ = std::integral_constant<TcRole, TcRole::kGradQ>;
@@ -277,6 +311,11 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
     if (s == Status::kSuccess)
       s = launch_wg_role<T, TcRole::kGradKV, 64, WithNormalizer>(on_side[0], dk_partial, feat,
                                                                  "chunk_linear_attn backward (dk, dv)");
+  } else if (partial != nullptr && shared_dkv_state_pass(p, wg, fork.sides == 0)) {  // dv first: its pass 1 is dk's too
+    if (s == Status::kSuccess)
+      s = sweep(GradV{}, p, K, dv_partial, "chunk_linear_attn backward (dv)", Pass1Share{dk_partial, false});
+    if (s == Status::kSuccess)
+      s = sweep(GradK{}, p, V, dk_partial, "chunk_linear_attn backward (dk)", Pass1Share{nullptr, true});
   } else {
     if (s == Status::kSuccess) s = sweep(GradK{}, on_side[0], V, dk_partial, "chunk_linear_attn backward (dk)");
     if (s == Status::kSuccess) s = sweep(GradV{}, on_side[1], K, dv_partial, "chunk_linear_attn backward (dv)");
