@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
 
   // ---- dk's partials from the same sums (split.partial_t) ----------------------------------------------
   // dv sums U = sum_t (phi(q_t))^T (w dout_t) [K][V], dk R = sum_t dout_t^T (w phi(q_t)) [V][K] over
-  // the same (chunk, query head) steps: R = U^T, rounded apart only in which operand took w. This
+  // the same (chunk, query head) steps: R = U^T (in bf16 rounded apart: dk's own pass scales phi(q),
+  // wg_dk_scales_cv; in fp16 both scale dout). This
   // block holds U's rows [64 h, 64 h + 64) of its value columns [64 tile, 64 tile + 64), which are
   // rows [64 tile, ...) of dk's output tile h.
   if constexpr (R == TcRole::kGradV && !WithNormalizer && DI == 128) {

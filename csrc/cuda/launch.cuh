@@ -23,9 +23,10 @@
 //   den       with normalize, the backward's w and dd come from the forward's saved w when it is
 //             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
 //   overlap   with ATTNRNN_BWD_CONCURRENT=1 the backward's dq, dk and dv sweeps run at once (dk
-//             and dv on two side streams forked from and joined into the call's stream), each with
-//             its own pass-1 partials (BwdPartials); by default they follow each other in the
-//             call's stream, which measured faster once dk+dv fused and the 128-token sweeps came
+//             and dv on two side streams forked from and joined into the call's stream, on one when
+//             they share a state pass), each with its own pass-1 partials (BwdPartials); by
+//             default they follow each other in the call's stream, which measured faster once
+//             dk+dv fused and the 128-token sweeps came
 //
 // Tile table of the generic path (256 threads per block, CUDA-core FMAs):
 //   forward   BV = min(64, V) value columns per block; chunk C = the largest power of two <= the
@@ -95,19 +96,20 @@ inline bool wg_state_pass_enabled() {
 }
 
 // dk's and dv's pass 1 as one (TcSplit::partial_t): dv's also writes dk's partials, and dk's own is
-// skipped. Without the normalizer, at K = V = 128, where both sweeps split alike on one stream, in
-// that order. At B1-T65536-H16-D128 that is one state pass less (~130 us: q and dout read once).
+// skipped. Without the normalizer, at K = V = 128, where both sweeps split alike; dv then dk on one
+// stream (the first side stream when the sweeps overlap, so that the results do not depend on it).
+// At B1-T65536-H16-D128 that is one state pass less (~130 us: q and dout read once).
 // ATTNRNN_BWD_SHARED_STATE_PASS=0 gives each its own (for measuring).
 struct Pass1Share {
   float* transposed_to = nullptr;  // dv: dk's partials
   bool done = false;               // dk: written by dv's pass 1
 };
-inline bool shared_dkv_state_pass(const LinearAttnParams& p, bool wg, bool one_stream) {
+inline bool shared_dkv_state_pass(const LinearAttnParams& p, bool wg) {
   static const bool enabled = [] {
     const char* env = std::getenv("ATTNRNN_BWD_SHARED_STATE_PASS");
     return env == nullptr || std::atoi(env) != 0;
   }();
-  if (!enabled || !wg || !one_stream || p.normalize || p.workspace == nullptr || p.head_dim_k != 128 ||
+  if (!enabled || !wg || p.normalize || p.workspace == nullptr || p.head_dim_k != 128 ||
       p.head_dim_v != 128 || !wg_state_pass_enabled())
     return false;
   const bool pair = wgmma_pair<TcRole::kGradK>(p);
@@ -311,11 +313,11 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
     if (s == Status::kSuccess)
       s = launch_wg_role<T, TcRole::kGradKV, 64, WithNormalizer>(on_side[0], dk_partial, feat,
                                                                  "chunk_linear_attn backward (dk, dv)");
-  } else if (partial != nullptr && shared_dkv_state_pass(p, wg, fork.sides == 0)) {  // dv first: its pass 1 is dk's too
+  } else if (partial != nullptr && shared_dkv_state_pass(p, wg)) {  // dv first: its pass 1 is dk's too
     if (s == Status::kSuccess)
-      s = sweep(GradV{}, p, K, dv_partial, "chunk_linear_attn backward (dv)", Pass1Share{dk_partial, false});
+      s = sweep(GradV{}, on_side[0], K, dv_partial, "chunk_linear_attn backward (dv)", Pass1Share{dk_partial, false});
     if (s == Status::kSuccess)
-      s = sweep(GradK{}, p, V, dk_partial, "chunk_linear_attn backward (dk)", Pass1Share{nullptr, true});
+      s = sweep(GradK{}, on_side[0], V, dk_partial, "chunk_linear_attn backward (dk)", Pass1Share{nullptr, true});
   } else {
     if (s == Status::kSuccess) s = sweep(GradK{}, on_side[0], V, dk_partial, "chunk_linear_attn backward (dk)");
     if (s == Status::kSuccess) s = sweep(GradV{}, on_side[1], K, dv_partial, "chunk_linear_attn backward (dv)");
