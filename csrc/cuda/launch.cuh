@@ -374,6 +374,9 @@ template <class T>
 Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
   using A = typename AccOf<T>::type;
   const int64_t N = num_states(p), K = p.head_dim_k, V = p.head_dim_v;
+  if (p.segment_states_out != nullptr && (recurrent || !tensor_core_forward(p, recurrent)))
+    return fail(Status::kInvalidArgument, "chunk_linear_attn forward: segment_states_out is set where the forward "
+                                          "writes none (only the chunked tensor-core forward writes it)");
   if (N == 0) return Status::kSuccess;
   if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
     if (tensor_core_forward(p, recurrent)) {

@@ -15,6 +15,7 @@
 // sweep (new_segment_states). The backward ops are differentiable once (create_graph=True records
 // them), but differentiating them again raises instead of silently treating their results as constants.
 #include <ATen/ops/empty.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/ops/zeros.h>  // zeros_symint
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -157,8 +158,12 @@ BackwardResult backward_op(const at::Tensor& dout, const OptTensor& o, const Opt
 // tracing), whose shapes a fake kernel could not tell: a compiled graph recomputes them instead.
 OptTensor new_segment_states(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& cu_seqlens,
                              std::string_view feature_map, bool normalize, int64_t chunk_size) {
-  const auto plain = [](const at::Tensor& t) { return t.is_cuda() && !t.key_set().has(c10::DispatchKey::Python); };
-  if (normalize || !plain(q) || !plain(k) || !plain(v)) return std::nullopt;
+  const auto plain = [](const at::Tensor& t) {
+    const c10::DispatchKeySet keys = t.key_set();
+    return t.is_cuda() && !keys.has(c10::DispatchKey::Python) && !keys.has(c10::DispatchKey::Functionalize) &&
+           !keys.has(c10::DispatchKey::FuncTorchBatched) && !keys.has(c10::DispatchKey::FuncTorchGradWrapper);
+  };
+  if (normalize || c10::impl::dispatch_mode_enabled() || !plain(q) || !plain(k) || !plain(v)) return std::nullopt;
   const int64_t floats =
       attnrnn::aten::chunk_fwd_segment_state_floats(q, k, v, cu_seqlens, feature_map, normalize, chunk_size);
   if (floats == 0) return std::nullopt;

@@ -171,8 +171,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
   SequenceArgs a = sequence_args(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
                                  normalize, chunk_size, op);
   LinearAttnParams& p = a.params;
+  const c10::DeviceGuard guard(q.device());  // the plan (segment states) asks the current device
   if (segment_states.has_value()) p.segment_states_out = checked_segment_states(*segment_states, p, q, op);
-  const c10::DeviceGuard guard(q.device());
   const auto state_opts = q.options().dtype(state_scalar_type(q));
   at::Tensor o = at::empty({p.batch, p.seqlen, p.num_heads, p.head_dim_v}, q.options());
   p.o = mut_view(o);
@@ -235,7 +235,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     TORCH_CHECK_VALUE(den->is_contiguous(), op, ": den must be contiguous");
     p.den_in = den->data_ptr();
   }
-  if (segment_states.has_value()) p.segment_states_in = checked_segment_states(*segment_states, p, q, op);
   at::Tensor dS_final, dz_final;
   if (d_final_S.has_value()) dS_final = checked_state(*d_final_S, q, {N, Hkv, K, V}, op, "grad of final_state.S");
   if (d_final_z.has_value()) {
@@ -244,6 +243,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   }
 
   const c10::DeviceGuard guard(q.device());
+  if (segment_states.has_value()) p.segment_states_in = checked_segment_states(*segment_states, p, q, op);
   const auto state_opts = q.options().dtype(state_scalar_type(q));
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());
@@ -292,7 +292,8 @@ int64_t chunk_fwd_segment_state_floats(const at::Tensor& q, const at::Tensor& k,
                                        int64_t chunk_size) {
   if (!q.is_cuda()) return 0;
   const SequenceArgs a = sequence_args(q, k, v, std::nullopt, std::nullopt, cu_seqlens, 1.0, 1e-6, feature_map,
-                                       normalize, chunk_size, "chunk_fwd_segment_state_floats");
+                                       normalize, chunk_size, "chunk_linear_attn");
+  const c10::DeviceGuard guard(q.device());  // the plan asks the current device (SM count, sm_90a)
   return linear_attn_chunk_fwd_segment_state_floats(a.params);
 }
 

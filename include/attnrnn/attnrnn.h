@@ -115,7 +115,8 @@ struct LinearAttnParams {
   const void* den_in = nullptr;
   // Optional: the forward's segment_states_out, from a forward with the same q, k, v, cu_seqlens,
   // feature_map, normalize and chunk_size. The CUDA backward's dq sweep then skips its own pass
-  // over the segments where its split matches the forward's; other backwards ignore it.
+  // over the segments where its split matches the forward's; other backwards ignore it. On the
+  // backward's stream after the forward that wrote it (stream order, as for den_in).
   const float* segment_states_in = nullptr;
 
   double scale = 1.0;

@@ -362,17 +362,14 @@ def test_shared_dk_dv_state_pass_agrees_with_separate_passes(ar, tmp_path, wgmma
 
 
 # dq's partials from the forward's state pass, saved by the autograd kernel (unnormalized,
-# K = V = 128, where the forward and dq split alike: the second, seventh and eighth cases above, by the
-# shape rule; with every sweep paired the forward runs the 128-token pair and saves none) against
-# dq's own state pass. The forward, dk and dv do not change, so everything but dq is bitwise equal;
-# dq's state is the transpose of the forward's, summed over the same 64-token tiles with the
-# operands' roles swapped, so dq agrees within the bound.
-@pytest.mark.parametrize("wgmma", ["63", "127"], ids=["shape-rule", "pair-everywhere"])
-def test_forward_segment_states_for_dq_agree_with_dq_own_pass(ar, tmp_path, wgmma):
-    saved = _sweeps_in_subprocess(tmp_path / "saved.pt", "STATE_PASS_CASES", ATTNRNN_TC_WGMMA=wgmma,
-                                  ATTNRNN_FWD_STATES_FOR_DQ="1")
-    own = _sweeps_in_subprocess(tmp_path / "own.pt", "STATE_PASS_CASES", ATTNRNN_TC_WGMMA=wgmma,
-                                ATTNRNN_FWD_STATES_FOR_DQ="0")
+# K = V = 128, where the forward and dq split alike: the second, seventh (GQA) and eighth (fp16, a
+# feature map, varlen) cases above; with every sweep paired the forward runs the 128-token pair and
+# saves none) against dq's own state pass. The forward, dk and dv do not change, so everything but dq
+# is bitwise equal; dq's state is the transpose of the forward's, summed over the same 64-token tiles
+# with the operands' roles swapped, so dq agrees within the bound.
+def test_forward_segment_states_for_dq_agree_with_dq_own_pass(ar, tmp_path):
+    saved = _sweeps_in_subprocess(tmp_path / "saved.pt", "STATE_PASS_CASES", ATTNRNN_FWD_STATES_FOR_DQ="1")
+    own = _sweeps_in_subprocess(tmp_path / "own.pt", "STATE_PASS_CASES", ATTNRNN_FWD_STATES_FOR_DQ="0")
     _assert_runs_agree(STATE_PASS_CASES, saved, own)
     for case, a, b in zip(STATE_PASS_CASES, saved, own):
         for name in a:
@@ -387,9 +384,10 @@ def test_forward_segment_states_for_dq_agree_with_dq_own_pass(ar, tmp_path, wgmm
 # so neither dk's nor dq's runs.
 @pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0),
                     reason="the wgmma sweeps and their state pass need sm_90a")
+@pytest.mark.parametrize("Hkv", [2, 1], ids=["H2-Hkv2", "H2-Hkv1"])
 @pytest.mark.parametrize("normalize", [False, True], ids=["unnormalized", "normalize"])
-def test_state_pass_runs_for_every_split_sweep(ar, normalize):
-    case = Case(1, 8192, 2, 128, bf16, feature_map=None, normalize=normalize)
+def test_state_pass_runs_for_every_split_sweep(ar, normalize, Hkv):
+    case = Case(1, 8192, 2, 128, bf16, Hkv=Hkv, feature_map=None, normalize=normalize)
     inp = make_inputs(case, "cuda")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         run(ar.chunk_linear_attn, case, inp)
