@@ -343,7 +343,7 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
     if (s == Status::kSuccess)
       s = launch_wg_role<T, TcRole::kGradKV, 64, WithNormalizer>(on_side[0], dk_partial, feat,
                                                                  "chunk_linear_attn backward (dk, dv)");
-  } else if (partial != nullptr && shared_dkv_state_pass(p, wg)) {  // dv first: its pass 1 is dk's too
+  } else if (shared_dkv_state_pass(p, wg)) {  // dv first: its pass 1 is dk's too
     if (s == Status::kSuccess)
       s = sweep(GradV{}, on_side[0], K, dv_partial, "chunk_linear_attn backward (dv)", Pass1Share{dk_partial, false});
     if (s == Status::kSuccess)
