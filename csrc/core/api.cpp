@@ -46,6 +46,13 @@ bool linear_attn_chunk_fwd_writes_den(const LinearAttnParams& p) {
   return false;
 }
 
+int64_t linear_attn_chunk_fwd_segment_state_floats(const LinearAttnParams& p) {
+#ifdef ATTNRNN_WITH_CUDA
+  if (p.device == Device::kCUDA) return cuda::chunk_fwd_segment_state_floats(p);
+#endif
+  return 0;
+}
+
 bool built_with_cuda() {
 #ifdef ATTNRNN_WITH_CUDA
   return true;

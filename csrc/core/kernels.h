@@ -25,6 +25,7 @@ Status recurrent_bwd(const LinearAttnParams& p);
 Status step(const LinearAttnStepParams& p);
 int64_t workspace_bytes(const LinearAttnParams& p);  // forward when p.dout.data is null, else backward
 bool chunk_fwd_writes_den(const LinearAttnParams& p);
+int64_t chunk_fwd_segment_state_floats(const LinearAttnParams& p);
 }  // namespace cuda
 
 }  // namespace attnrnn

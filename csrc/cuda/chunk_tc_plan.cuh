@@ -86,7 +86,8 @@ struct TcSplit {
   float* partial = nullptr;  // [segments][N][Hkv][tiles][tc_partial_floats] (chunk_wg: WgLayout's)
   // dv's pass 1 on chunk_wg_state_kernel (unnormalized, K = V = 128) also writes its states
   // transposed here, in the same layout: dk's partials, whose own pass 1 is then skipped
-  // (launch_chunk_bwd_tc, shared_dkv_state_pass).
+  // (launch_chunk_bwd_tc, shared_dkv_state_pass). The forward's writes dq's for the backward
+  // (params.segment_states_out, fwd_states_for_dq_floats).
   float* partial_t = nullptr;
 
   // Segment j's partial of the block of sequence n, kv head g and output tile `tile` of `tiles`, in

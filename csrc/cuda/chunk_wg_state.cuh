@@ -254,20 +254,21 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   }
   if (tid < L::z_floats && (!(kSumsZ || kSumsDz) || tid >= ZT * 64)) z_part[tid] = 0.f;
 
-  // ---- dk's partials from the same sums (split.partial_t) ----------------------------------------------
+  // ---- the transposed role's partials from the same sums (split.partial_t) -----------------------------
   // dv sums U = sum_t (phi(q_t))^T (w dout_t) [K][V], dk R = sum_t dout_t^T (w phi(q_t)) [V][K] over
   // the same (chunk, query head) steps: R = U^T (in bf16 rounded apart: dk's own pass scales phi(q),
-  // wg_dk_scales_cv; in fp16 both scale dout). This
-  // block holds U's rows [64 h, 64 h + 64) of its value columns [64 tile, 64 tile + 64), which are
-  // rows [64 tile, ...) of dk's output tile h.
-  if constexpr (R == TcRole::kGradV && !WithNormalizer && DI == 128) {
+  // wg_dk_scales_cv; in fp16 both scale dout). Likewise the forward's S = sum_t phi(k_t)^T v_t [K][V]
+  // and dq's sum_t v_t^T phi(k_t) [V][K] (the forward's go to params.segment_states_out). This
+  // block holds U's (S's) rows [64 h, 64 h + 64) of its value columns [64 tile, 64 tile + 64), which
+  // are rows [64 tile, ...) of the transposed role's output tile h.
+  if constexpr ((R == TcRole::kGradV || R == TcRole::kForward) && !WithNormalizer && DI == 128) {
     if (split.partial_t != nullptr) {
 #pragma unroll
       for (int h = 0; h < KT; ++h) {
-        float* dk_part = split.partial_in(split.partial_t, seg, n, g, Hkv, tiles, h, WgLayout<DI>::partial_floats);
+        float* t_part = split.partial_in(split.partial_t, seg, n, g, Hkv, tiles, h, WgLayout<DI>::partial_floats);
 #pragma unroll
-        for (int i = 0; i < 32; ++i) dk_part[(tile * D + wg_acc_col(tid, i)) * D + wg_acc_row(tid, i)] = S[h][i];
-        if (tile == 0 && tid < L::z_floats) dk_part[DI * D + tid] = 0.f;  // no z without the normalizer
+        for (int i = 0; i < 32; ++i) t_part[(tile * D + wg_acc_col(tid, i)) * D + wg_acc_row(tid, i)] = S[h][i];
+        if (tile == 0 && tid < L::z_floats) t_part[DI * D + tid] = 0.f;  // no z without the normalizer
       }
     }
   }

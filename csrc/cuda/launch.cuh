@@ -119,6 +119,27 @@ inline bool shared_dkv_state_pass(const LinearAttnParams& p, bool wg) {
   return dk > 1 && dk == dv;
 }
 
+// The forward's segment states for dq (params.segment_states_out / _in): without the normalizer dq's
+// segment sums S^T = sum_t v_t^T phi(k_t) [V][K] are the transposes of the forward's S = sum_t
+// phi(k_t)^T v_t [K][V] over the same tokens. At K = V = 128, where both run the 64-token sweep
+// split into the same segments, the forward's state pass also writes its sums transposed in dq's
+// partial layout, and dq's pass 2 reads them instead of running its own state pass (~130 us at
+// B1-T65536-H16-D128: k and v read once less). Floats of dq's partials, 0 where this does not apply.
+// A condition on q, k, v (shapes, dtype, alignment), the options and the device only, so that the
+// forward and the backward agree. ATTNRNN_FWD_STATES_FOR_DQ=0 turns it off (for measuring).
+inline int64_t fwd_states_for_dq_floats(const LinearAttnParams& p) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ATTNRNN_FWD_STATES_FOR_DQ");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  if (!enabled || p.normalize || p.head_dim_k != 128 || p.head_dim_v != 128 || !tensor_core_dtype(p, false) ||
+      !wgmma_planned(p, false) || !wgmma_planned(p, true) || !wg_state_pass_enabled())
+    return 0;
+  if (wgmma_pair<TcRole::kForward>(p) || wgmma_pair<TcRole::kGradQ>(p)) return 0;
+  const int fwd = wg_segments<TcRole::kForward, 128>(p), dq = wg_segments<TcRole::kGradQ, 128>(p);
+  return fwd > 1 && fwd == dq ? wg_partial_floats<TcRole::kGradQ, 128>(p) : 0;
+}
+
 // Pass 1 of a split wgmma sweep of role R on chunk_wg_state_kernel; chunk: pass 2's chunk length,
 // BlocksPerSm: the blocks per SM its split assumes.
 template <class T, TcRole R, int DI, int BlocksPerSm, bool WithNormalizer>
@@ -245,7 +266,8 @@ Status launch_wg_forward(const LinearAttnParams& p, int64_t K, float* partial, c
   if (wgmma_pair<TcRole::kForward>(p))
     return launch_wg_pair<T, TcRole::kForward, WithNormalizer>(p, partial, feat,
                                                               "chunk_linear_attn forward (wgmma, 128-token chunks)");
-  return launch_wg<T, TcRole::kForward, WithNormalizer>(p, K, partial, feat, "chunk_linear_attn forward (wgmma)");
+  return launch_wg<T, TcRole::kForward, WithNormalizer>(p, K, partial, feat, "chunk_linear_attn forward (wgmma)",
+                                                       Pass1Share{p.segment_states_out, false});
 }
 
 // w and dd from the forward's saved w (chunk_dd.cuh): a grid of at most 8 blocks per SM (fewer fit
@@ -308,12 +330,20 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
   using GradQ = std::integral_constant<TcRole, TcRole::kGradQ>;
   using GradK = std::integral_constant<TcRole, TcRole::kGradK>;
   using GradV = std::integral_constant<TcRole, TcRole::kGradV>;
-  if (s == Status::kSuccess) s = sweep(GradQ{}, p, V, partial, "chunk_linear_attn backward (dq)");
+  // dq's partials from the forward (fwd_states_for_dq_floats) where it saved them and dq runs the
+  // 64-token wgmma sweep it split alike.
+  const bool dq_from_forward = wg && p.segment_states_in != nullptr && !wgmma_pair<TcRole::kGradQ>(p) &&
+                               fwd_states_for_dq_floats(p) > 0;
+  if (s == Status::kSuccess)
+    s = dq_from_forward ? launch_wg<T, TcRole::kGradQ, WithNormalizer>(p, V, const_cast<float*>(p.segment_states_in),
+                                                                       feat, "chunk_linear_attn backward (dq)",
+                                                                       Pass1Share{nullptr, true})
+                        : sweep(GradQ{}, p, V, partial, "chunk_linear_attn backward (dq)");
   if (wg && wgmma_fused_dkv(p)) {  // dk and dv from one state: one sweep in the dk region
     if (s == Status::kSuccess)
       s = launch_wg_role<T, TcRole::kGradKV, 64, WithNormalizer>(on_side[0], dk_partial, feat,
                                                                  "chunk_linear_attn backward (dk, dv)");
-  } else if (partial != nullptr && shared_dkv_state_pass(p, wg)) {  // dv first: its pass 1 is dk's too
+  } else if (shared_dkv_state_pass(p, wg)) {  // dv first: its pass 1 is dk's too
     if (s == Status::kSuccess)
       s = sweep(GradV{}, on_side[0], K, dv_partial, "chunk_linear_attn backward (dv)", Pass1Share{dk_partial, false});
     if (s == Status::kSuccess)
@@ -344,6 +374,9 @@ template <class T>
 Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
   using A = typename AccOf<T>::type;
   const int64_t N = num_states(p), K = p.head_dim_k, V = p.head_dim_v;
+  if (p.segment_states_out != nullptr && (recurrent || !tensor_core_forward(p, recurrent)))
+    return fail(Status::kInvalidArgument, "chunk_linear_attn forward: segment_states_out is set where the forward "
+                                          "writes none (only the chunked tensor-core forward writes it)");
   if (N == 0) return Status::kSuccess;
   if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
     if (tensor_core_forward(p, recurrent)) {
@@ -351,6 +384,10 @@ Status launch_chunk_fwd(const LinearAttnParams& p, bool recurrent) {
       const Status s = compute_features<T>(p, false, feat);
       if (s != Status::kSuccess) return s;
       float* partial = p.workspace == nullptr ? nullptr : partial_ptr(p, false);
+      if (p.segment_states_out != nullptr &&
+          (partial == nullptr || !wgmma_sweeps(p, false, feat) || fwd_states_for_dq_floats(p) == 0))
+        return fail(Status::kInvalidArgument, "chunk_linear_attn forward: segment_states_out is set where the forward "
+                                              "writes none (linear_attn_chunk_fwd_segment_state_floats() == 0, or no workspace)");
       if (wgmma_sweeps(p, false, feat))
         return p.normalize ? launch_wg_forward<T, true>(p, K, partial, feat)
                            : launch_wg_forward<T, false>(p, K, partial, feat);

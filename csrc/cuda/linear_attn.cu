@@ -166,6 +166,8 @@ bool chunk_fwd_writes_den(const LinearAttnParams& p) {
   return p.normalize && (p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16);
 }
 
+int64_t chunk_fwd_segment_state_floats(const LinearAttnParams& p) { return fwd_states_for_dq_floats(p); }
+
 Status chunk_fwd(const LinearAttnParams& p) {
   return dispatch_dtype(p.dtype, [&](auto t) { return launch_chunk_fwd<decltype(t)>(p, false); });
 }

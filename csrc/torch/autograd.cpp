@@ -10,8 +10,12 @@
 // The forward saves its inputs (and, on CUDA with normalize, the output, whose do . o gives the
 // denominator's gradient, and the denominators themselves where the forward's kernels write them:
 // the CUDA backward then skips its sweep over the sequence for them, as FlashAttention keeps the
-// softmax's log-sum-exp); the backward kernels recompute the states they need. The backward ops are differentiable once (create_graph=True records them),
-// but differentiating them again raises instead of silently treating their results as constants.
+// softmax's log-sum-exp); the backward kernels recompute the states they need, but for the segment
+// states of a split CUDA forward at K = V = 128 without normalize, which the forward writes for dq's
+// sweep (new_segment_states). The backward ops are differentiable once (create_graph=True records
+// them), but differentiating them again raises instead of silently treating their results as constants.
+#include <ATen/ops/empty.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/ops/zeros.h>  // zeros_symint
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -21,6 +25,7 @@
 #include <string_view>
 #include <tuple>
 
+#include "attnrnn/torch.h"
 #include "operators.h"
 
 namespace {
@@ -48,8 +53,14 @@ template <class Form>
 ForwardResult call_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
                            const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
                            std::string_view feature_map, bool normalize, bool output_final_state,
-                           int64_t chunk_size, bool save_den) {
+                           int64_t chunk_size, bool save_den, const OptTensor& segment_states) {
   if constexpr (Form::kHasChunkSize) {
+    if (segment_states.has_value()) {
+      at::Tensor states = *segment_states;
+      return operators::chunk_fwd_with_segment_states().call(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
+                                                             normalize, output_final_state, chunk_size, save_den,
+                                                             states);
+    }
     return operators::chunk_fwd().call(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize,
                                        output_final_state, chunk_size, save_den);
   } else {
@@ -63,10 +74,11 @@ template <class Form>
 BackwardResult call_backward(const at::Tensor& dout, const OptTensor& o, const OptTensor& dS, const OptTensor& dz,
                              const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
                              const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
-                             std::string_view feature_map, bool normalize, int64_t chunk_size, const OptTensor& den) {
+                             std::string_view feature_map, bool normalize, int64_t chunk_size, const OptTensor& den,
+                             const OptTensor& segment_states) {
   if constexpr (Form::kHasChunkSize) {
     return operators::chunk_bwd().call(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
-                                       normalize, chunk_size, den);
+                                       normalize, chunk_size, den, segment_states);
   } else {
     return operators::recurrent_bwd().call(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
                                            normalize);
@@ -89,10 +101,10 @@ struct BackwardFunction : torch::autograd::Function<BackwardFunction<Form>> {
                                const OptTensor& dz, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const OptTensor& S0, const OptTensor& z0, const OptTensor& cu_seqlens, double scale,
                                double eps, std::string_view feature_map, bool normalize, int64_t chunk_size,
-                               const OptTensor& den) {
+                               const OptTensor& den, const OptTensor& segment_states) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [dq, dk, dv, dS0, dz0] = call_backward<Form>(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps,
-                                                      feature_map, normalize, chunk_size, den);
+                                                      feature_map, normalize, chunk_size, den, segment_states);
     return {dq, dk, dv, dS0, dz0};
   }
 
@@ -128,15 +140,34 @@ template <class Form>
 BackwardResult backward_op(const at::Tensor& dout, const OptTensor& o, const OptTensor& dS, const OptTensor& dz,
                            const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
                            const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
-                           std::string_view feature_map, bool normalize, int64_t chunk_size, const OptTensor& den) {
+                           std::string_view feature_map, bool normalize, int64_t chunk_size, const OptTensor& den,
+                           const OptTensor& segment_states) {
   if (!torch::autograd::GradMode::is_enabled() && !has_forward_grad(dout, o, dS, dz, q, k, v, S0, z0)) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return call_backward<Form>(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize,
-                               chunk_size, den);
+                               chunk_size, den, segment_states);
   }
   const variable_list g = BackwardFunction<Form>::apply(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps,
-                                                        feature_map, normalize, chunk_size, den);
+                                                        feature_map, normalize, chunk_size, den, segment_states);
   return {g[0], g[1], g[2], g[3], g[4]};
+}
+
+// Where the forward saves its segment states for the backward's dq sweep (the operator
+// chunk_fwd_with_segment_states, chunk_fwd_segment_state_floats: CUDA, K = V = 128 without
+// normalize, split sweeps), a tensor for them; nothing elsewhere, and nothing for tensor subclasses and fake tensors (torch.compile's
+// tracing), whose shapes a fake kernel could not tell: a compiled graph recomputes them instead.
+OptTensor new_segment_states(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& cu_seqlens,
+                             std::string_view feature_map, bool normalize, int64_t chunk_size) {
+  const auto plain = [](const at::Tensor& t) {
+    const c10::DispatchKeySet keys = t.key_set();
+    return t.is_cuda() && !keys.has(c10::DispatchKey::Python) && !keys.has(c10::DispatchKey::Functionalize) &&
+           !keys.has(c10::DispatchKey::FuncTorchBatched) && !keys.has(c10::DispatchKey::FuncTorchGradWrapper);
+  };
+  if (normalize || c10::impl::dispatch_mode_enabled() || !plain(q) || !plain(k) || !plain(v)) return std::nullopt;
+  const int64_t floats =
+      attnrnn::aten::chunk_fwd_segment_state_floats(q, k, v, cu_seqlens, feature_map, normalize, chunk_size);
+  if (floats == 0) return std::nullopt;
+  return at::empty({floats}, q.options().dtype(at::kFloat));
 }
 
 template <class Form>
@@ -146,16 +177,19 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
                                double eps, std::string_view feature_map, bool normalize, bool output_final_state,
                                int64_t chunk_size, bool save_den) {
     ForwardResult out;
+    OptTensor states;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
+      if constexpr (Form::kHasChunkSize) states = new_segment_states(q, k, v, cu_seqlens, feature_map, normalize, chunk_size);
       out = call_forward<Form>(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
-                               chunk_size, save_den);
+                               chunk_size, save_den, states);
     }
     const at::Tensor& o = std::get<0>(out);
     const at::Tensor& den = std::get<3>(out);
     const bool keep_o = normalize && q.is_cuda();
     ctx->save_for_backward({q, k, v, S0.value_or(at::Tensor()), z0.value_or(at::Tensor()),
-                            cu_seqlens.value_or(at::Tensor()), keep_o ? o : at::Tensor(), den});
+                            cu_seqlens.value_or(at::Tensor()), keep_o ? o : at::Tensor(), den,
+                            states.value_or(at::Tensor())});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["feature_map"] = std::string(feature_map);
@@ -186,7 +220,7 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
         dout, present(saved[6]), state_grad(grads[1], output_final_state),
         state_grad(grads[2], output_final_state && normalize), q, k, v, present(S0), present(z0), present(saved[5]),
         ctx->saved_data["scale"].toDouble(), ctx->saved_data["eps"].toDouble(), std::string_view(feature_map),
-        normalize, ctx->saved_data["chunk_size"].toInt(), present(saved[7]));
+        normalize, ctx->saved_data["chunk_size"].toInt(), present(saved[7]), present(saved[8]));
     // One entry per forward argument: dq, dk, dv, the initial-state gradients, nothing for the rest.
     variable_list result(13);
     result[0] = dq;
@@ -209,7 +243,7 @@ ForwardResult forward_op(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (!recording && !has_forward_grad(q, k, v, S0, z0)) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return call_forward<Form>(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
-                              chunk_size, save_den);
+                              chunk_size, save_den, std::nullopt);
   }
   save_den = save_den || (normalize && recording);
   const variable_list out = SequenceFunction<Form>::apply(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
@@ -240,7 +274,7 @@ BackwardResult recurrent_bwd(const at::Tensor& dout, const OptTensor& o, const O
                              const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
                              std::string_view feature_map, bool normalize) {
   return backward_op<RecurrentForm>(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize,
-                                    0, std::nullopt);
+                                    0, std::nullopt, std::nullopt);
 }
 
 }  // namespace

@@ -148,17 +148,31 @@ at::Tensor allocate_workspace(LinearAttnParams& p, const at::Tensor& like) {
   return workspace;
 }
 
+// The forward's segment states (params.segment_states_out / _in) as a float32 tensor of
+// linear_attn_chunk_fwd_segment_state_floats(p) elements on q's device; `what` names it in errors.
+float* checked_segment_states(const at::Tensor& t, const LinearAttnParams& p, const at::Tensor& q, const char* op) {
+  const int64_t floats = linear_attn_chunk_fwd_segment_state_floats(p);
+  TORCH_CHECK_VALUE(floats > 0, op, ": segment_states: the forward saves no segment states for these inputs "
+                    "(chunk_fwd_segment_state_floats() is 0); pass None");
+  check_same_device(t, q, op, "segment_states");
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat, op, ": segment_states must be float32, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.is_contiguous() && t.numel() == floats, op, ": segment_states must be a contiguous tensor of ",
+                    floats, " elements (chunk_fwd_segment_state_floats()), got shape ", shape_of(t));
+  return t.data_ptr<float>();
+}
+
 // -> (o, S_final, z_final, den); den is the saved w = scale / den [B, T, H] float32 when save_den
 // and the forward's kernels write it (linear_attn_chunk_fwd_writes_den), else empty.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
     const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
     std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size, bool save_den,
-    Launch launch, const char* op) {
+    const OptTensor& segment_states, Launch launch, const char* op) {
   SequenceArgs a = sequence_args(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
                                  normalize, chunk_size, op);
   LinearAttnParams& p = a.params;
-  const c10::DeviceGuard guard(q.device());
+  const c10::DeviceGuard guard(q.device());  // the plan (segment states) asks the current device
+  if (segment_states.has_value()) p.segment_states_out = checked_segment_states(*segment_states, p, q, op);
   const auto state_opts = q.options().dtype(state_scalar_type(q));
   at::Tensor o = at::empty({p.batch, p.seqlen, p.num_heads, p.head_dim_v}, q.options());
   p.o = mut_view(o);
@@ -192,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& dout, const OptTensor& o, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize,
-    int64_t chunk_size, const OptTensor& den, Launch launch, const char* op) {
+    int64_t chunk_size, const OptTensor& den, const OptTensor& segment_states, Launch launch, const char* op) {
   SequenceArgs a = sequence_args(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
                                  normalize, chunk_size, op);
   LinearAttnParams& p = a.params;
@@ -229,6 +243,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   }
 
   const c10::DeviceGuard guard(q.device());
+  if (segment_states.has_value()) p.segment_states_in = checked_segment_states(*segment_states, p, q, op);
   const auto state_opts = q.options().dtype(state_scalar_type(q));
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());
@@ -260,7 +275,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_fwd(
     const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
     std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size, bool save_den) {
   return forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
-                 output_final_state, chunk_size, save_den, chunk_linear_attn_fwd, "chunk_linear_attn");
+                 output_final_state, chunk_size, save_den, std::nullopt, chunk_linear_attn_fwd, "chunk_linear_attn");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_fwd_with_segment_states(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
+    const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
+    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size, bool save_den,
+    at::Tensor& segment_states) {
+  return forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
+                 output_final_state, chunk_size, save_den, segment_states, chunk_linear_attn_fwd, "chunk_linear_attn");
+}
+
+int64_t chunk_fwd_segment_state_floats(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const OptTensor& cu_seqlens, std::string_view feature_map, bool normalize,
+                                       int64_t chunk_size) {
+  if (!q.is_cuda()) return 0;
+  const SequenceArgs a = sequence_args(q, k, v, std::nullopt, std::nullopt, cu_seqlens, 1.0, 1e-6, feature_map,
+                                       normalize, chunk_size, "chunk_linear_attn");
+  const c10::DeviceGuard guard(q.device());  // the plan asks the current device (SM count, sm_90a)
+  return linear_attn_chunk_fwd_segment_state_floats(a.params);
 }
 
 constexpr int64_t kRecurrentChunk = 1;
@@ -272,7 +306,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(
   // chunk_size 1 (the recurrent form): the kernels ignore it, and the workspace query then leaves out
   // what only the chunked tensor-core sweeps use (their split partials and phi(q), phi(k)).
   auto [o, S, z, den] = forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
-                                output_final_state, kRecurrentChunk, false, recurrent_linear_attn_fwd,
+                                output_final_state, kRecurrentChunk, false, std::nullopt, recurrent_linear_attn_fwd,
                                 "recurrent_linear_attn");
   return {o, S, z};
 }
@@ -281,9 +315,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd
     const at::Tensor& dout, const OptTensor& o, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize,
-    int64_t chunk_size, const OptTensor& den) {
+    int64_t chunk_size, const OptTensor& den, const OptTensor& segment_states) {
   return backward(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
-                  feature_map, normalize, chunk_size, den, chunk_linear_attn_bwd, "chunk_linear_attn backward");
+                  feature_map, normalize, chunk_size, den, segment_states, chunk_linear_attn_bwd,
+                  "chunk_linear_attn backward");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrent_bwd(
@@ -291,7 +326,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrent
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize) {
   return backward(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
-                  feature_map, normalize, kRecurrentChunk, std::nullopt, recurrent_linear_attn_bwd,
+                  feature_map, normalize, kRecurrentChunk, std::nullopt, std::nullopt, recurrent_linear_attn_bwd,
                   "recurrent_linear_attn backward");
 }
 

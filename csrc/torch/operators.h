@@ -20,6 +20,9 @@ using BackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor
 using ChunkFwd = ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
                                const OptTensor&, const OptTensor&, double, double, std::string_view, bool, bool,
                                int64_t, bool);
+using ChunkFwdWithSegmentStates = ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                const OptTensor&, const OptTensor&, const OptTensor&, double, double,
+                                                std::string_view, bool, bool, int64_t, bool, at::Tensor&);
 using RecurrentFwd = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                                     const at::Tensor&, const OptTensor&,
                                                                     const OptTensor&, const OptTensor&, double, double,
@@ -27,7 +30,7 @@ using RecurrentFwd = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Te
 using ChunkBwd = BackwardResult(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
                                 const OptTensor&, const OptTensor&, double, double, std::string_view, bool, int64_t,
-                                const OptTensor&);
+                                const OptTensor&, const OptTensor&);
 using RecurrentBwd = BackwardResult(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
                                     const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
                                     const OptTensor&, const OptTensor&, double, double, std::string_view, bool);
@@ -42,6 +45,10 @@ c10::TypedOperatorHandle<Signature> find(const char* name) {
 
 inline const auto& chunk_fwd() {
   static const auto op = find<ChunkFwd>("attnrnn::chunk_fwd");
+  return op;
+}
+inline const auto& chunk_fwd_with_segment_states() {
+  static const auto op = find<ChunkFwdWithSegmentStates>("attnrnn::chunk_fwd_with_segment_states");
   return op;
 }
 inline const auto& recurrent_fwd() {

@@ -13,10 +13,19 @@ TORCH_LIBRARY(attnrnn, m) {
       "chunk_fwd(Tensor q, Tensor k, Tensor v, Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, "
       "float scale, float eps, str feature_map, bool normalize, bool output_final_state, int chunk_size, "
       "bool save_den=False) -> (Tensor, Tensor, Tensor, Tensor)");
+  // chunk_fwd that also writes the forward's segment states for chunk_bwd's dq sweep: what the
+  // autograd kernel calls on CUDA tensors where chunk_fwd_segment_state_floats() is not 0
+  // (csrc/torch/autograd.cpp). A separate operator, so that chunk_fwd itself writes no argument
+  // (vmap's fallback and functionalization take it as a pure function).
+  m.def(
+      "chunk_fwd_with_segment_states(Tensor q, Tensor k, Tensor v, Tensor? initial_S, Tensor? initial_z, "
+      "Tensor? cu_seqlens, float scale, float eps, str feature_map, bool normalize, bool output_final_state, "
+      "int chunk_size, bool save_den, Tensor(a!) segment_states) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "chunk_bwd(Tensor dout, Tensor? o, Tensor? d_final_S, Tensor? d_final_z, Tensor q, Tensor k, Tensor v, "
       "Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, float scale, float eps, str feature_map, "
-      "bool normalize, int chunk_size, Tensor? den=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "bool normalize, int chunk_size, Tensor? den=None, Tensor? segment_states=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "recurrent_fwd(Tensor q, Tensor k, Tensor v, Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, "
       "float scale, float eps, str feature_map, bool normalize, bool output_final_state) "
@@ -43,6 +52,7 @@ namespace {
 
 void register_impls(torch::Library& m) {
   m.impl("chunk_fwd", &attnrnn::aten::chunk_fwd);
+  m.impl("chunk_fwd_with_segment_states", &attnrnn::aten::chunk_fwd_with_segment_states);
   m.impl("chunk_bwd", &attnrnn::aten::chunk_bwd);
   m.impl("recurrent_fwd", &attnrnn::aten::recurrent_fwd);
   m.impl("recurrent_bwd", &attnrnn::aten::recurrent_bwd);
@@ -76,5 +86,6 @@ TORCH_LIBRARY_IMPL(attnrnn, CPU, m) { register_impls(m); }
 TORCH_LIBRARY_IMPL(attnrnn, CUDA, m) { register_impls(m); }
 TORCH_LIBRARY_IMPL(attnrnn, ADInplaceOrView, m) {
   m.impl("step", torch::CppFunction::makeFromBoxedFunction<&bump_written_tensors>());
+  m.impl("chunk_fwd_with_segment_states", torch::CppFunction::makeFromBoxedFunction<&bump_written_tensors>());
   m.impl("softmax_attn_step", torch::CppFunction::makeFromBoxedFunction<&bump_written_tensors>());
 }

@@ -96,6 +96,11 @@ struct LinearAttnParams {
   // (token, query head), for the backward (normalize only). Set it only where
   // linear_attn_chunk_fwd_writes_den(params) is true; elsewhere it may stay unwritten.
   void* den_out = nullptr;
+  // Optional forward output (CUDA): the per-segment state sums of the forward's two-pass split,
+  // transposed as the backward's dq sweep reads them, so that the backward need not sum them again.
+  // linear_attn_chunk_fwd_segment_state_floats(params) float32 values, written only when that is
+  // not 0 (and a workspace is given); set it to null elsewhere.
+  float* segment_states_out = nullptr;
 
   // Backward.
   ConstView dout;
@@ -108,6 +113,11 @@ struct LinearAttnParams {
   // Optional: the forward's den_out. The CUDA tensor-core backward then reads the denominators
   // instead of recomputing them in a sweep over the sequence; other backwards ignore it.
   const void* den_in = nullptr;
+  // Optional: the forward's segment_states_out, from a forward with the same q, k, v, cu_seqlens,
+  // feature_map, normalize and chunk_size. The CUDA backward's dq sweep then skips its own pass
+  // over the segments where its split matches the forward's; other backwards ignore it. On the
+  // backward's stream after the forward that wrote it (stream order, as for den_in).
+  const float* segment_states_in = nullptr;
 
   double scale = 1.0;
   double eps = 1e-6;
@@ -164,6 +174,12 @@ int64_t linear_attn_workspace_bytes(const LinearAttnParams& params);
 // True when chunk_linear_attn_fwd writes params.den_out: CUDA, normalize, bf16 or fp16 inputs
 // (the dtypes whose backward can read it). Elsewhere den_out stays unwritten.
 bool linear_attn_chunk_fwd_writes_den(const LinearAttnParams& params);
+
+// Floats of params.segment_states_out that chunk_linear_attn_fwd writes, 0 where it writes none:
+// CUDA on sm_90a, bf16 or fp16, normalize=False, K = V = 128, where the forward and the backward's
+// dq sweep split the sequences into the same segments (few (sequence, kv head) pairs, long T).
+// Depends on the shapes, dtype, options, alignment of q, k, v and the device.
+int64_t linear_attn_chunk_fwd_segment_state_floats(const LinearAttnParams& params);
 
 // True when the library was built with its CUDA kernels.
 bool built_with_cuda();

@@ -27,8 +27,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_fwd(
     std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size,
     bool save_den = false);
 
+// chunk_fwd that also writes its segment states into segment_states (float32,
+// chunk_fwd_segment_state_floats() elements, which must not be 0), for chunk_bwd's dq sweep.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_fwd_with_segment_states(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& initial_S, const std::optional<at::Tensor>& initial_z,
+    const std::optional<at::Tensor>& cu_seqlens, double scale, double eps,
+    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size,
+    bool save_den, at::Tensor& segment_states);
+
+// Elements of chunk_fwd's segment_states for these inputs: 0 (pass none) except on CUDA (sm_90a) with
+// bf16/fp16, normalize=False and K = V = 128 at shapes whose sweeps split the sequences into segments
+// (few sequences and kv heads, long T), where the backward's dq sweep then reads the forward's
+// segment states instead of summing them again.
+int64_t chunk_fwd_segment_state_floats(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const std::optional<at::Tensor>& cu_seqlens,
+                                       std::string_view feature_map, bool normalize, int64_t chunk_size);
+
 // o is the forward output (needed with normalize: the CUDA backward reads it instead of recomputing);
-// den the forward's den output (optional; an empty tensor counts as absent).
+// den the forward's den output (optional; an empty tensor counts as absent); segment_states the
+// tensor the forward wrote its segment states to (optional).
 // -> (dq, dk, dv, d_initial_S, d_initial_z)
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd(
     const at::Tensor& dout, const std::optional<at::Tensor>& o, const std::optional<at::Tensor>& d_final_S,
@@ -36,7 +54,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd
     const at::Tensor& v, const std::optional<at::Tensor>& initial_S,
     const std::optional<at::Tensor>& initial_z, const std::optional<at::Tensor>& cu_seqlens,
     double scale, double eps, std::string_view feature_map, bool normalize, int64_t chunk_size,
-    const std::optional<at::Tensor>& den = std::nullopt);
+    const std::optional<at::Tensor>& den = std::nullopt,
+    const std::optional<at::Tensor>& segment_states = std::nullopt);
 
 // The token-by-token forms: same arguments without chunk_size.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(

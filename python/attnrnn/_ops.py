@@ -98,6 +98,18 @@ def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normal
     return o, S, z, den
 
 
+@torch.library.register_fake("attnrnn::chunk_fwd_with_segment_states")
+def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
+      chunk_size, save_den, segment_states):
+    # The C++ autograd kernel calls this op on plain CUDA tensors only (never while tracing); as
+    # chunk_fwd, plus segment_states written in place.
+    o, S, z = _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state,
+                            "chunk_linear_attn")
+    saved = save_den and writes_den(q, normalize)
+    den = q.new_empty(q.shape[:3] if saved else (0,), dtype=torch.float32)
+    return o, S, z, den
+
+
 @torch.library.register_fake("attnrnn::recurrent_fwd")
 def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize, output_final_state):
     return _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state,
@@ -106,7 +118,7 @@ def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normal
 
 @torch.library.register_fake("attnrnn::chunk_bwd")
 def _(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
-      normalize, chunk_size, den=None):
+      normalize, chunk_size, den=None, segment_states=None):
     return _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, "chunk_linear_attn backward")
 
 

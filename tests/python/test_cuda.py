@@ -312,7 +312,8 @@ def test_fused_dk_dv_sweep_agrees_with_the_two_sweeps(ar, tmp_path):
 # same order and agree bitwise without the normalizer; with it the state pass sums z on m64n8 wgmmas
 # with a tile of ones, which the 64-token sweeps' own pass 1 does on mma.sync, and everything
 # downstream agrees within a bound. Each sweep runs its own state pass here
-# (ATTNRNN_BWD_SHARED_STATE_PASS=0; the shared one for dk and dv is compared below).
+# (ATTNRNN_BWD_SHARED_STATE_PASS=0 and ATTNRNN_FWD_STATES_FOR_DQ=0; the shared ones for dk and dv and
+# for the forward and dq are compared below).
 STATE_PASS_CASES = [
     Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
     Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
@@ -329,9 +330,11 @@ STATE_PASS_CASES = [
 @pytest.mark.parametrize("wgmma", ["63", "127"], ids=["shape-rule", "pair-everywhere"])
 def test_state_pass_agrees_with_the_sweeps_own_pass_1(ar, tmp_path, wgmma):
     state_pass = _sweeps_in_subprocess(tmp_path / "state.pt", "STATE_PASS_CASES", ATTNRNN_WG_STATE_PASS="1",
-                                       ATTNRNN_TC_WGMMA=wgmma, ATTNRNN_BWD_SHARED_STATE_PASS="0")
+                                       ATTNRNN_TC_WGMMA=wgmma, ATTNRNN_BWD_SHARED_STATE_PASS="0",
+                                       ATTNRNN_FWD_STATES_FOR_DQ="0")
     own = _sweeps_in_subprocess(tmp_path / "own.pt", "STATE_PASS_CASES", ATTNRNN_WG_STATE_PASS="0",
-                                ATTNRNN_TC_WGMMA=wgmma, ATTNRNN_BWD_SHARED_STATE_PASS="0")
+                                ATTNRNN_TC_WGMMA=wgmma, ATTNRNN_BWD_SHARED_STATE_PASS="0",
+                                ATTNRNN_FWD_STATES_FOR_DQ="0")
     _assert_runs_agree(STATE_PASS_CASES, state_pass, own)
     for case, a, b in zip(STATE_PASS_CASES, state_pass, own):
         if not case.normalize:
@@ -358,22 +361,40 @@ def test_shared_dk_dv_state_pass_agrees_with_separate_passes(ar, tmp_path, wgmma
                 assert torch.equal(a[name], b[name]), f"{case.id}: {name}"
 
 
+# dq's partials from the forward's state pass, saved by the autograd kernel (unnormalized,
+# K = V = 128, where the forward and dq split alike: the second, seventh (GQA) and eighth (fp16, a
+# feature map, varlen) cases above; with every sweep paired the forward runs the 128-token pair and
+# saves none) against dq's own state pass. The forward, dk and dv do not change, so everything but dq
+# is bitwise equal; dq's state is the transpose of the forward's, summed over the same 64-token tiles
+# with the operands' roles swapped, so dq agrees within the bound.
+def test_forward_segment_states_for_dq_agree_with_dq_own_pass(ar, tmp_path):
+    saved = _sweeps_in_subprocess(tmp_path / "saved.pt", "STATE_PASS_CASES", ATTNRNN_FWD_STATES_FOR_DQ="1")
+    own = _sweeps_in_subprocess(tmp_path / "own.pt", "STATE_PASS_CASES", ATTNRNN_FWD_STATES_FOR_DQ="0")
+    _assert_runs_agree(STATE_PASS_CASES, saved, own)
+    for case, a, b in zip(STATE_PASS_CASES, saved, own):
+        for name in a:
+            if name != "dq":
+                assert torch.equal(a[name], b[name]), f"{case.id}: {name}"
+
+
 # The comparison above would pass without the state pass ever running (no split, or a launch that
 # fell back to the sweeps' own pass 1): one forward+backward at a split shape runs it for the forward,
 # dq, dk and dv (TcRole 0, 2, 3, 4 in the kernels' names) with normalize; without it dv's pass is
-# dk's too (launch.cuh, shared_dkv_state_pass), so dk's never runs.
+# dk's too (launch.cuh, shared_dkv_state_pass) and the forward's is dq's (fwd_states_for_dq_floats),
+# so neither dk's nor dq's runs.
 @pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0),
                     reason="the wgmma sweeps and their state pass need sm_90a")
+@pytest.mark.parametrize("Hkv", [2, 1], ids=["H2-Hkv2", "H2-Hkv1"])
 @pytest.mark.parametrize("normalize", [False, True], ids=["unnormalized", "normalize"])
-def test_state_pass_runs_for_every_split_sweep(ar, normalize):
-    case = Case(1, 8192, 2, 128, bf16, feature_map=None, normalize=normalize)
+def test_state_pass_runs_for_every_split_sweep(ar, normalize, Hkv):
+    case = Case(1, 8192, 2, 128, bf16, Hkv=Hkv, feature_map=None, normalize=normalize)
     inp = make_inputs(case, "cuda")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         run(ar.chunk_linear_attn, case, inp)
         torch.cuda.synchronize()
     roles = {int(m.group(1)) for e in prof.events() if "chunk_wg_state_kernel" in e.name
              for m in [re.search(r"TcRole\)(\d)", e.name)] if m}
-    expected = {0, 2, 3, 4} if normalize else {0, 2, 4}
+    expected = {0, 2, 3, 4} if normalize else {0, 4}
     assert roles == expected, sorted(e.name for e in prof.events() if "chunk_wg" in e.name)
 
 

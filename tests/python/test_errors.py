@@ -281,3 +281,22 @@ def test_chunk_bwd_treats_an_empty_den_as_absent(ar):
     without = _den_bwd_call(None)
     for a, b in zip(with_empty, without):
         assert torch.equal(a, b)
+
+
+# ---- the forward's segment states (chunk_fwd_with_segment_states, chunk_bwd's segment_states) -----
+# Only CUDA forwards at K = V = 128 without normalize whose sweeps split save them
+# (chunk_fwd_segment_state_floats); anywhere else a tensor passed for them is refused, not ignored.
+
+def test_forward_refuses_segment_states_where_it_saves_none(ar):
+    q, k, v = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 8)
+    with pytest.raises(ValueError, match=r"segment_states: the forward saves no segment states for these inputs"):
+        torch.ops.attnrnn.chunk_fwd_with_segment_states(q, k, v, None, None, None, 0.25, 1e-6, "identity", False,
+                                                         False, 0, False, torch.zeros(16))
+
+
+def test_chunk_bwd_refuses_segment_states_where_the_forward_saves_none(ar):
+    q, k, v = torch.randn(2, 8, 4, 16), torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 8)
+    dout = torch.randn(2, 8, 4, 8)
+    with pytest.raises(ValueError, match=r"segment_states: the forward saves no segment states for these inputs"):
+        torch.ops.attnrnn.chunk_bwd(dout, None, None, None, q, k, v, None, None, None, 0.25, 1e-6, "identity",
+                                    False, 0, None, torch.zeros(16))
