@@ -19,7 +19,8 @@
 //             as many stages as fit; the fused dk + dv sweep's with the normalizer, and every one
 //             with ATTNRNN_WG_STATE_PASS=0, runs on the sweep's kernel); without the normalizer at
 //             K = V = 128 dv's pass also writes dk's partials (their states are transposes), and dk
-//             runs no pass 1 (shared_dkv_state_pass)
+//             runs no pass 1 (shared_dkv_state_pass); there dk and dv run as one sweep
+//             (chunk_wg_dkv.cuh, fused_dkv128: two warpgroups hold all of dS) from dv's partials
 //   den       with normalize, the backward's w and dd come from the forward's saved w when it is
 //             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
 //   overlap   with ATTNRNN_BWD_CONCURRENT=1 the backward's dq, dk and dv sweeps run at once (dk
