@@ -351,11 +351,27 @@ def test_state_pass_agrees_with_the_sweeps_own_pass_1(ar, tmp_path, wgmma):
 @pytest.mark.parametrize("wgmma", ["63", "127"], ids=["shape-rule", "pair-everywhere"])
 def test_shared_dk_dv_state_pass_agrees_with_separate_passes(ar, tmp_path, wgmma):
     shared = _sweeps_in_subprocess(tmp_path / "shared.pt", "STATE_PASS_CASES", ATTNRNN_TC_WGMMA=wgmma,
-                                   ATTNRNN_BWD_SHARED_STATE_PASS="1")
+                                   ATTNRNN_BWD_SHARED_STATE_PASS="1", ATTNRNN_BWD_FUSED_DKV128="0")
     apart = _sweeps_in_subprocess(tmp_path / "apart.pt", "STATE_PASS_CASES", ATTNRNN_TC_WGMMA=wgmma,
                                   ATTNRNN_BWD_SHARED_STATE_PASS="0")
     _assert_runs_agree(STATE_PASS_CASES, shared, apart)
     for case, a, b in zip(STATE_PASS_CASES, shared, apart):
+        for name in a:
+            if name != "dk":
+                assert torch.equal(a[name], b[name]), f"{case.id}: {name}"
+
+
+# dk and dv from one sweep at K = V = 128 (unnormalized, where they would share dv's state pass: the
+# second, seventh (GQA) and eighth (fp16, a feature map, varlen) cases above) against the two sweeps
+# with the shared pass. dv's products, their order and its state are those of dv's own sweep, so dv
+# and dS0 are bitwise equal, and so is everything else but dk, which sums the same terms in another
+# order and agrees within the bound (it also meets the float64 rules: test_tensor_core_path_meets_rules'
+# split case at K = V = 128 runs the fused sweep).
+def test_fused_dk_dv_sweep_at_k128_agrees_with_the_two_sweeps(ar, tmp_path):
+    fused = _sweeps_in_subprocess(tmp_path / "fused.pt", "STATE_PASS_CASES", ATTNRNN_BWD_FUSED_DKV128="1")
+    apart = _sweeps_in_subprocess(tmp_path / "apart.pt", "STATE_PASS_CASES", ATTNRNN_BWD_FUSED_DKV128="0")
+    _assert_runs_agree(STATE_PASS_CASES, fused, apart)
+    for case, a, b in zip(STATE_PASS_CASES, fused, apart):
         for name in a:
             if name != "dk":
                 assert torch.equal(a[name], b[name]), f"{case.id}: {name}"
@@ -396,6 +412,8 @@ def test_state_pass_runs_for_every_split_sweep(ar, normalize, Hkv):
              for m in [re.search(r"TcRole\)(\d)", e.name)] if m}
     expected = {0, 2, 3, 4} if normalize else {0, 4}
     assert roles == expected, sorted(e.name for e in prof.events() if "chunk_wg" in e.name)
+    fused = any("chunk_wg_dkv_kernel" in e.name for e in prof.events())
+    assert fused == (not normalize), "dk and dv from one sweep at K = V = 128 exactly without the normalizer"
 
 
 # The forward at K = 128 on 128-token chunks and two warpgroups (bit 3 of ATTNRNN_TC_WGMMA, with bit 6

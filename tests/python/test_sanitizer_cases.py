@@ -20,9 +20,9 @@ CASES = [
     Case(1, 2048, 1, 64, torch.bfloat16, initial_state=True, final_state=True),
     # K = V = 128 with normalize, GQA and two passes (the 64-token sweeps, chunk_wg)
     Case(1, 2048, 2, 128, torch.bfloat16, Hkv=1, initial_state=True, final_state=True),
-    # the same without the normalizer (dv's pass 1 on chunk_wg_state_kernel also writes dk's
-    # partials), and K = V = 64 (the fused dk + dv sweep's pass 1 there), dk and dv summing a
-    # group's heads
+    # the same without the normalizer (dk and dv in one sweep, chunk_wg_dkv, after dv's pass 1 on
+    # chunk_wg_state_kernel), and K = V = 64 (the fused dk + dv sweep's pass 1 there), dk and dv
+    # summing a group's heads
     Case(1, 2048, 2, 128, torch.bfloat16, Hkv=1, feature_map=None, normalize=False),
     Case(1, 2048, 2, 64, torch.bfloat16, Hkv=1, feature_map=None, normalize=False),
     # 128 blocks per sweep: every sweep on 128-token chunks (chunk_wg_pair) on a GPU of 128 to 255 SMs
