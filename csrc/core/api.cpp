@@ -35,6 +35,8 @@ const char* status_string(Status status) {
 int64_t linear_attn_workspace_bytes(const LinearAttnParams& p) {
 #ifdef ATTNRNN_WITH_CUDA
   if (p.device == Device::kCUDA) return cuda::workspace_bytes(p);
+#else
+  (void)p;
 #endif
   return 0;
 }
@@ -42,6 +44,8 @@ int64_t linear_attn_workspace_bytes(const LinearAttnParams& p) {
 bool linear_attn_chunk_fwd_writes_den(const LinearAttnParams& p) {
 #ifdef ATTNRNN_WITH_CUDA
   if (p.device == Device::kCUDA) return cuda::chunk_fwd_writes_den(p);
+#else
+  (void)p;
 #endif
   return false;
 }
@@ -49,6 +53,8 @@ bool linear_attn_chunk_fwd_writes_den(const LinearAttnParams& p) {
 int64_t linear_attn_chunk_fwd_segment_state_floats(const LinearAttnParams& p) {
 #ifdef ATTNRNN_WITH_CUDA
   if (p.device == Device::kCUDA) return cuda::chunk_fwd_segment_state_floats(p);
+#else
+  (void)p;
 #endif
   return 0;
 }
