@@ -5,21 +5,24 @@
 //   dk_t = (v_t dS^T   + sum_{s >= t in the chunk} (v_t . dout''_s) phi(q_s)) * phi'(k_t)
 // chunk_wg.cuh's separate dv and dk sweeps each read four tensors and write one; this one reads q, k,
 // v and dout once and writes dk and dv: six tensors of traffic for eight.
-// One block of two warpgroups per (sequence [x segment], kv head). Warpgroup w owns dS's columns
-// [64 w, 64 w + 64) (S_w [128 dims][64 columns], fp32 in registers: what chunk_wg.cuh's dv block of
-// output tile w holds), dv's columns [64 w, 64 w + 64) and dk's columns [64 w, 64 w + 64). A step
-// is one (chunk of 64 tokens, query head) pair, in reverse sweep order:
-//   P   = mask(K Q^T)                          s >= t, inner dim K (both warpgroups alike)
-//   Odv = K S_w,hi + K S_w,lo + P dout''_w     K dS once per chunk (its first head), P dout'' per head
-//   P'  = mask(V dout''^T)                     inner dim V
-//   Odk = V dS_w^T,hi + V dS_w^T,lo + P' Q_w   dS_w^T: dS's rows [64 w, 64 w + 64), from both
-//                                              warpgroups' published tiles
-//   S_w += Q^T dout''_w                        every head
-// dv's products, their order and its state are those of chunk_wg.cuh's dv sweep at DI = 128, so dv
-// is bitwise the same; dk sums the same terms in another order. The two warpgroups meet at the state:
-// each publishes S_w as 16-bit hi + lo tiles, and both read all of it in the next step's V dS^T (the
-// two block barriers per step of chunk_wg.cuh). A split's pass 1 is dv's state pass (its partials, in
-// dv's layout: output tile w of two), launched by launch_wg_dkv128.
+// One block of two warpgroups per (sequence [x segment], kv head): warpgroup 0 makes dv, warpgroup 1
+// dk, each all 128 of its columns (two accumulators of 64), so that each step's scores are made
+// once. The state is split by columns: warpgroup w keeps S_w = dS[:, 64 w .. 64 w + 64) ([128
+// dims][64 columns] fp32 in registers, what chunk_wg.cuh's dv block of output tile w holds) and
+// publishes it as 16-bit hi + lo tiles, from which both read all of dS. A step is one (chunk of 64
+// tokens, query head) pair, in reverse sweep order:
+//   warpgroup 0  P  = mask(K Q^T)                  s >= t, inner dim K
+//                Odv_c = K dS_c,hi + K dS_c,lo + P dout''_c      columns c = [64 c, 64 c + 64)
+//   warpgroup 1  P' = mask(V dout''^T)             inner dim V
+//                Odk_c = V dS^T_c,hi + V dS^T_c,lo + P' Q_c      dS^T_c: dS's rows [64 c, 64 c + 64)
+//   both         S_w += Q^T dout''_w               every head
+// K dS and V dS^T enter once per chunk (its first head), the scores' products every head. dv's
+// products, their order and its state are those of chunk_wg.cuh's dv sweep at DI = 128, so dv is
+// bitwise the same; dk sums the same terms in another order. With one query head per kv head
+// (kOneHead) every step is a chunk's first and last head: the state products are issued right
+// behind the scores' and run while the scores are masked, and the outputs are written while the
+// state moves. A split's pass 1 is dv's state pass (its partials, in dv's layout: output tile w of
+// two), launched by launch_wg_dkv128.
 #pragma once
 
 #include <type_traits>
@@ -45,7 +48,7 @@ struct WgDkvLayout {
   static_assert(smem_bytes + 1024 <= 228 * 1024, "one block must fit on an SM");
 };
 
-template <class T>
+template <class T, bool kOneHead>
 __global__ void __launch_bounds__(WgDkvLayout::threads, 1)
     chunk_wg_dkv_kernel(const LinearAttnParams p, const TcSplit split, const TcFeatures feat) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -58,12 +61,12 @@ __global__ void __launch_bounds__(WgDkvLayout::threads, 1)
   unsigned char* Sl = smem + L::state_lo;
   unsigned char* Sh_w = Sh + w * KT * kWgTileBytes;
   unsigned char* Sl_w = Sl + w * KT * kWgTileBytes;
-  unsigned char* scratch = smem + L::scratch + w * kWgTileBytes;
+  unsigned char* scratch = smem + L::scratch + w * kWgTileBytes;  // staging of this warpgroup's outputs
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
   const int64_t n = blockIdx.x / split.segments, g = blockIdx.y;
   const int seg = blockIdx.x % split.segments;
-  const int c0 = w * D;  // this warpgroup's columns of dS, dv and dk
+  const int c0 = w * D;  // this warpgroup's columns of dS
   const Seq seq = sequence(p, n);
   const float scale = static_cast<float>(p.scale);
   const int64_t state_row = n * Hkv + g;
@@ -111,9 +114,10 @@ __global__ void __launch_bounds__(WgDkvLayout::threads, 1)
   // k16 slice j of a 128-wide inner dim: tile j / 4, 32 bytes (along rows) or 2048 bytes (down rows)
   auto along = [](int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); };
   auto down = [](int j) { return (j / 4) * kWgTileBytes + 2048 * (j % 4); };
-  float Odv[32], Odk[32], P[32];  // dv's and dk's outputs (summed over a group's heads), the scores
-  uint32_t pa[4][4];              // masked scores as the A operand
-  auto mask_scores = [&]() {     // s >= t
+  float O[2][32];  // warpgroup 0: dv's columns [0, 64) and [64, 128); warpgroup 1: dk's
+  float P[32];     // the scores: K Q^T (warpgroup 0), V dout''^T (warpgroup 1)
+  uint32_t pa[4][4];  // masked scores as the A operand
+  auto mask_scores = [&]() {  // s >= t
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -122,87 +126,91 @@ __global__ void __launch_bounds__(WgDkvLayout::threads, 1)
         pa[j][q] = pack2<T>(col >= r ? P[e] : 0.f, col + 1 >= r ? P[e + 1] : 0.f);
       }
   };
+  auto hold_outputs = [&]() {
+    wg_hold(O[0]);
+    wg_hold(O[1]);
+  };
   // One step's products and outputs in warpgroup W (a compile-time 0 or 1: the operands' offsets are
   // constants, so that the descriptors stay uniform)
   auto step_of_warpgroup = [&](auto W_, const WgStep& s, unsigned char* st) {
     constexpr int W = decltype(W_)::value;
+    constexpr bool kDv = W == 0;
     const unsigned char* Kt = st + L::k;
     const unsigned char* Qt = st + L::q;
     const unsigned char* Dt = st + L::dout;
     const unsigned char* Vt = st + L::v;
-    const unsigned char* Dt_w = Dt + W * kWgTileBytes;  // dout'' on this warpgroup's columns
-    const unsigned char* Qt_w = Qt + W * kWgTileBytes;  // phi(q) on this warpgroup's columns of dk
-    const unsigned char* Sh_W = Sh + W * KT * kWgTileBytes;
-    const unsigned char* Sl_W = Sl + W * KT * kWgTileBytes;
-    // k16 slice j of dS's columns in dS_w^T, dk's B operand (K-major: its rows are dk's columns): dim
-    // tile W of warpgroup j / 4's published state
-    auto rows_of_w = [](int j) { return ((j / 4) * KT + W) * kWgTileBytes + 32 * (j % 4); };
+    const unsigned char* At = kDv ? Kt : Vt;  // the output's rows (tokens t)
+    const unsigned char* Bt = kDv ? Qt : Dt;  // the scores' columns (tokens s)
+    const unsigned char* Xt = kDv ? Dt : Qt;  // the scores' values: dout'' (dv), phi(q) (dk)
+    // k16 slice j of the state product for output columns c: dv's B = dS[:, c] (M/N-major: dim tile
+    // j / 4 of warpgroup c's tiles), dk's B = dS[rows c, :]^T (K-major: dim tile c of warpgroup j / 4's)
+    auto state_at = [](int c, int j) {
+      return kDv ? (c * KT + j / 4) * kWgTileBytes + 2048 * (j % 4) : ((j / 4) * KT + c) * kWgTileBytes + 32 * (j % 4);
+    };
+    auto state_products = [&]() {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          wg_mma_ss<T, 0, kDv ? 1 : 0>(O[c], wg_descriptor(At, along(j)), wg_descriptor(Sh, state_at(c, j)), j > 0);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          wg_mma_ss<T, 0, kDv ? 1 : 0>(O[c], wg_descriptor(At, along(j)), wg_descriptor(Sl, state_at(c, j)), 1);
+      }
+    };
 
-    // ---- P = K Q^T; Odv = K S_w and Odk = V dS_w^T once per chunk -----------------------------------
+    // ---- P = A B^T; O_c = A dS (dv) or A dS^T (dk) once per chunk ---------------------------------
     hold_state();
-    wg_hold(Odv);
-    wg_hold(Odk);
+    hold_outputs();
     wg_fence();
 #pragma unroll
-    for (int j = 0; j < 8; ++j) wg_mma_ss<T, 0, 0>(P, wg_descriptor(Kt, along(j)), wg_descriptor(Qt, along(j)), j > 0);
+    for (int j = 0; j < 8; ++j) wg_mma_ss<T, 0, 0>(P, wg_descriptor(At, along(j)), wg_descriptor(Bt, along(j)), j > 0);
     wg_commit();
-    wg_wait_all();
-    wg_hold(P);
-    if (s.first) {
-      wg_fence();
-#pragma unroll
-      for (int j = 0; j < 8; ++j) wg_mma_ss<T, 0, 1>(Odv, wg_descriptor(Kt, along(j)), wg_descriptor(Sh_W, down(j)), j > 0);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) wg_mma_ss<T, 0, 1>(Odv, wg_descriptor(Kt, along(j)), wg_descriptor(Sl_W, down(j)), 1);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) wg_mma_ss<T, 0, 0>(Odk, wg_descriptor(Vt, along(j)), wg_descriptor(Sh, rows_of_w(j)), j > 0);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) wg_mma_ss<T, 0, 0>(Odk, wg_descriptor(Vt, along(j)), wg_descriptor(Sl, rows_of_w(j)), 1);
+    if constexpr (kOneHead) {  // every step is a chunk's first head: no branch around the products
+      state_products();
       wg_commit();
+      wg_wait<1>();  // the scores
+      wg_hold(P);
+    } else {
+      wg_wait_all();  // no group in flight across the branch (ptxas would serialize the products)
+      wg_hold(P);
+      if (s.first) {
+        wg_fence();
+        state_products();
+        wg_commit();
+      }
     }
-    mask_scores();  // while K S_w and V dS_w^T run
+    mask_scores();  // while the state products run
     wg_wait_all();
-    wg_hold(Odv);
-    wg_hold(Odk);
+    hold_outputs();
 
-    // ---- Odv += P dout''_w; P' = V dout''^T (P is free once masked) -----------------------------------
+    // ---- O_c += P X_c; S_w += Q^T dout''_w -----------------------------------------------------------
     hold_state();
     wg_hold(pa);
     wg_fence();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(Odv, pa[j], wg_descriptor(Dt_w, 2048 * j), 1);
+    for (int c = 0; c < 2; ++c)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) wg_mma_ss<T, 0, 0>(P, wg_descriptor(Vt, along(j)), wg_descriptor(Dt, along(j)), j > 0);
+      for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O[c], pa[j], wg_descriptor(Xt, c * kWgTileBytes + 2048 * j), 1);
     wg_commit();
-    wg_wait_all();
-    wg_hold(Odv);
-    wg_hold(P);
-
-    // ---- Odk += mask(P') Q_w -----------------------------------------------------------------------------
-    mask_scores();
-    wg_hold(Odk);
-    wg_hold(pa);
-    wg_fence();
-#pragma unroll
-    for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(Odk, pa[j], wg_descriptor(Qt_w, 2048 * j), 1);
-    wg_commit();
-    wg_wait_all();
-    wg_hold(Odk);
-
-    // ---- S_w += Q^T dout''_w, the group's outputs written meanwhile after its last head ---------------
-    hold_state();
-    wg_fence();
 #pragma unroll
     for (int h = 0; h < KT; ++h)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        wg_mma_ss<T, 1, 1>(S[h], wg_descriptor(Qt, h * kWgTileBytes + 2048 * j), wg_descriptor(Dt_w, 2048 * j), 1);
+        wg_mma_ss<T, 1, 1>(S[h], wg_descriptor(Qt, h * kWgTileBytes + 2048 * j),
+                           wg_descriptor(Dt, W * kWgTileBytes + 2048 * j), 1);
     wg_commit();
-    if (s.last) {
+    wg_wait<1>();  // the outputs (the state's update runs on)
+    hold_outputs();
+
+    // ---- the group's output after its last head, written while the state moves -------------------
+    if (kOneHead || s.last) {
       const float ones[2] = {1.f, 1.f};
-      wg_write_rows<T>(p.dv, Odv, ones, p.feature_map, false, p.k, seq.b, s.t0, s.cl, g, c0, t, scratch);
-      wg_write_rows<T>(p.dk, Odk, ones, p.feature_map, p.feature_map != FeatureMap::kIdentity, p.k, seq.b, s.t0,
-                       s.cl, g, c0, t, scratch);
+      const bool dphi_of = !kDv && p.feature_map != FeatureMap::kIdentity;
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        wg_write_rows<T>(kDv ? p.dv : p.dk, O[c], ones, p.feature_map, dphi_of, p.k, seq.b, s.t0, s.cl, g, 64 * c, t,
+                         scratch);
     }
     wg_wait_all();
     hold_state();

@@ -299,9 +299,10 @@ Status launch_wg_dkv128(const LinearAttnParams& p, float* dv_partial, const TcFe
       return launch_wg_state_pass<T, TcRole::kGradV, 128, kDvBlocksPerSm, false>(p, feat, kTcChunk, split,
                                                                                   dim3(grid.x * 2, grid.y), stream, what);
     };
-    return launch_sweep(chunk_wg_dkv_kernel<T>, WgDkvLayout::smem_bytes, p, dv_partial,
-                        wg_segments<TcRole::kGradV, 128>(p), 1, feat, what, WgDkvLayout::threads, kTcChunk,
-                        dv_state_pass);
+    // with one query head per kv head every step is a chunk's first and last (chunk_wg_dkv.cuh)
+    auto kernel = p.num_heads == p.num_kv_heads ? chunk_wg_dkv_kernel<T, true> : chunk_wg_dkv_kernel<T, false>;
+    return launch_sweep(kernel, WgDkvLayout::smem_bytes, p, dv_partial, wg_segments<TcRole::kGradV, 128>(p), 1, feat,
+                        what, WgDkvLayout::threads, kTcChunk, dv_state_pass);
   }
 }
 

@@ -25,6 +25,8 @@ CASES = [
     # summing a group's heads
     Case(1, 2048, 2, 128, torch.bfloat16, Hkv=1, feature_map=None, normalize=False),
     Case(1, 2048, 2, 64, torch.bfloat16, Hkv=1, feature_map=None, normalize=False),
+    # the fused dk + dv sweep at K = V = 128 with one query head per kv head (its kOneHead variant)
+    Case(1, 2048, 1, 128, torch.bfloat16, feature_map=None, normalize=False),
     # 128 blocks per sweep: every sweep on 128-token chunks (chunk_wg_pair) on a GPU of 128 to 255 SMs
     Case(16, 130, 4, 128, torch.bfloat16, initial_state=True, final_state=True),
 ]
