@@ -14,7 +14,10 @@
 //             instead (one warpgroup per (sequence, 64 output columns, kv head), the same steps and
 //             segment split; WgLayout); the sweeps with inner dim 128 (the forward's and dv's K,
 //             dq's and dk's V) with the default chunk size run chunk_wg_pair.cuh (two warpgroups on
-//             128-token chunks; WgPairLayout)
+//             128-token chunks; WgPairLayout); dk and dv at K = V = 128 without the normalizer,
+//             where a split sweep's blocks leave SMs idle, run chunk_wg_dkv.cuh (two warpgroups and
+//             all 128 columns of dS per (sequence, kv head), one block per SM; WgDkvLayout: two
+//             64-KiB stages of q, k, v, dout, the state's hi/lo tiles, two staging tiles: 208 KiB)
 //   pass 1    a split wgmma sweep sums its segments' states on chunk_wg_state.cuh (B and Cv only, in
 //             as many stages as fit; the fused dk + dv sweep's with the normalizer, and every one
 //             with ATTNRNN_WG_STATE_PASS=0, runs on the sweep's kernel); without the normalizer at
