@@ -111,9 +111,8 @@ __global__ void __launch_bounds__(WgDkvLayout::threads, 1)
     wg_load_tiles<T>(st + (L::q - L::k), source(w == 0 ? TcSrc::kQ : TcSrc::kV), w == 0 ? s.h : g, 2 * D, s.t0,
                      s.cl, t);
   };
-  // k16 slice j of a 128-wide inner dim: tile j / 4, 32 bytes (along rows) or 2048 bytes (down rows)
+  // k16 slice j of a 128-wide inner dim along the rows of two 64-column tiles: tile j / 4, 32 bytes
   auto along = [](int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); };
-  auto down = [](int j) { return (j / 4) * kWgTileBytes + 2048 * (j % 4); };
   float O[2][32];  // warpgroup 0: dv's columns [0, 64) and [64, 128); warpgroup 1: dk's
   float P[32];     // the scores: K Q^T (warpgroup 0), V dout''^T (warpgroup 1)
   uint32_t pa[4][4];  // masked scores as the A operand
