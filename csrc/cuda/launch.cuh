@@ -22,8 +22,9 @@
 //             as many stages as fit; the fused dk + dv sweep's with the normalizer, and every one
 //             with ATTNRNN_WG_STATE_PASS=0, runs on the sweep's kernel); without the normalizer at
 //             K = V = 128 dv's pass also writes dk's partials (their states are transposes), and dk
-//             runs no pass 1 (shared_dkv_state_pass); there dk and dv run as one sweep
-//             (chunk_wg_dkv.cuh, fused_dkv128: two warpgroups hold all of dS) from dv's partials
+//             runs no pass 1 (shared_dkv_state_pass); there, and wherever their (sequence, kv
+//             head) blocks fill at most half the SMs, dk and dv run as one sweep (chunk_wg_dkv.cuh,
+//             fused_dkv128: two warpgroups hold all of dS) from dv's state pass
 //   den       with normalize, the backward's w and dd come from the forward's saved w when it is
 //             given (chunk_dd.cuh, one pass over dout and o), else from the den sweep
 //   overlap   with ATTNRNN_BWD_CONCURRENT=1 the backward's dq, dk and dv sweeps run at once (dk
@@ -90,16 +91,6 @@ Status launch_sweep(Kernel kernel, int64_t bytes, const LinearAttnParams& p, flo
   return check_launch(what);
 }
 
-// Whether split wgmma sweeps take pass 1 from chunk_wg_state_kernel (default; kHasWgStatePass) or from
-// their own kernel (ATTNRNN_WG_STATE_PASS=0, for measuring one against the other).
-inline bool wg_state_pass_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("ATTNRNN_WG_STATE_PASS");
-    return env == nullptr || std::atoi(env) != 0;
-  }();
-  return enabled;
-}
-
 // dk's and dv's pass 1 as one (TcSplit::partial_t): dv's also writes dk's partials, and dk's own is
 // skipped. Without the normalizer, at K = V = 128, where both sweeps split alike; dv then dk on one
 // stream (the first side stream when the sweeps overlap, so that the results do not depend on it).
@@ -122,19 +113,6 @@ inline bool shared_dkv_state_pass(const LinearAttnParams& p, bool wg) {
   const int dk = pair ? wg_pair_segments<TcRole::kGradK>(p) : wg_segments<TcRole::kGradK, 128>(p);
   const int dv = pair ? wg_pair_segments<TcRole::kGradV>(p) : wg_segments<TcRole::kGradV, 128>(p);
   return dk > 1 && dk == dv;
-}
-
-// dk and dv in one sweep at K = V = 128 (chunk_wg_dkv.cuh) where they would share dv's state pass on
-// the 64-token sweeps: q, k, v and dout read once for both (six tensors of traffic for eight). Its
-// blocks hold all 128 columns of dS (two warpgroups, one block per SM), so it splits into dv's
-// segments with half of dv's blocks, and dv's state pass gives its partials.
-// ATTNRNN_BWD_FUSED_DKV128=0 runs the two sweeps (for measuring).
-inline bool fused_dkv128(const LinearAttnParams& p, bool wg) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("ATTNRNN_BWD_FUSED_DKV128");
-    return env == nullptr || std::atoi(env) != 0;
-  }();
-  return enabled && shared_dkv_state_pass(p, wg) && !wgmma_pair<TcRole::kGradV>(p);
 }
 
 // The forward's segment states for dq (params.segment_states_out / _in): without the normalizer dq's
@@ -296,16 +274,16 @@ Status launch_wg_dkv128(const LinearAttnParams& p, float* dv_partial, const TcFe
     return fail(Status::kInvalidArgument, "%s: the fused sweep has no normalizer", what);
   } else {
     if (const Status s = check_normalize_mode<false>(p, what); s != Status::kSuccess) return s;
-    constexpr int kDvBlocksPerSm = WgLayout<128>::min_blocks;  // the blocks per SM dv's segments assume
     auto dv_state_pass = [&](const TcSplit& split, dim3 grid, cudaStream_t stream) {
-      // dv's grid: two output tiles where this sweep's block has both
-      return launch_wg_state_pass<T, TcRole::kGradV, 128, kDvBlocksPerSm, false>(p, feat, kTcChunk, split,
-                                                                                  dim3(grid.x * 2, grid.y), stream, what);
+      // dv's grid: two output tiles where this sweep's block has both; as many blocks per SM as
+      // dv's 64-token sweep (the state pass's stages)
+      return launch_wg_state_pass<T, TcRole::kGradV, 128, WgLayout<128>::min_blocks, false>(
+          p, feat, kTcChunk, split, dim3(grid.x * 2, grid.y), stream, what);
     };
     // with one query head per kv head every step is a chunk's first and last (chunk_wg_dkv.cuh)
     auto kernel = p.num_heads == p.num_kv_heads ? chunk_wg_dkv_kernel<T, true> : chunk_wg_dkv_kernel<T, false>;
-    return launch_sweep(kernel, WgDkvLayout::smem_bytes, p, dv_partial, wg_segments<TcRole::kGradV, 128>(p), 1, feat,
-                        what, WgDkvLayout::threads, kTcChunk, dv_state_pass);
+    return launch_sweep(kernel, WgDkvLayout::smem_bytes, p, dv_partial, fused_dkv128_segments(p), 1, feat, what,
+                        WgDkvLayout::threads, kTcChunk, dv_state_pass);
   }
 }
 
@@ -382,7 +360,7 @@ Status launch_chunk_bwd_tc(const LinearAttnParams& p) {
     if (s == Status::kSuccess)
       s = launch_wg_role<T, TcRole::kGradKV, 64, WithNormalizer>(on_side[0], dk_partial, feat,
                                                                  "chunk_linear_attn backward (dk, dv)");
-  } else if (fused_dkv128(p, wg)) {  // dk and dv from one state at K = V = 128 (unnormalized)
+  } else if (wg && fused_dkv128(p) && p.workspace != nullptr) {  // dk and dv from one state at K = V = 128
     if (s == Status::kSuccess) s = launch_wg_dkv128<T, WithNormalizer>(on_side[0], dv_partial, feat);
   } else if (shared_dkv_state_pass(p, wg)) {  // dv first: its pass 1 is dk's too
     if (s == Status::kSuccess)

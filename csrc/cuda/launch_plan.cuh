@@ -195,6 +195,40 @@ bool wgmma_pair(const LinearAttnParams& p) {
   return one_wave && wg_segments<R, 128>(p) == 1;
 }
 
+// Whether split wgmma sweeps take pass 1 from chunk_wg_state_kernel (default; kHasWgStatePass) or from
+// their own kernel (ATTNRNN_WG_STATE_PASS=0, for measuring one against the other).
+inline bool wg_state_pass_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ATTNRNN_WG_STATE_PASS");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  return enabled;
+}
+
+// dk and dv in one sweep at K = V = 128 without the normalizer (chunk_wg_dkv.cuh): q, k, v and dout
+// read once for both (six tensors of traffic for eight). A block holds all of dS (two warpgroups,
+// one block per SM), one per (sequence, kv head), so the sweep runs where those blocks fill at most
+// half the SMs, split into segments by the tensor-core rule; pass 1 is dv's state pass, into dv's
+// partial layout (two output tiles per block). At B1-T65536 and B2-T32768 (H16) that is dv's own
+// split; where dv's 64-token blocks fill the GPU without one (B4-T8192-H16: 128 blocks), it replaces
+// the paired dk and dv sweeps. Bit 6 of ATTNRNN_TC_WGMMA (every sweep paired) and
+// ATTNRNN_BWD_FUSED_DKV128=0 run the two sweeps (for measuring).
+inline int fused_dkv128_segments(const LinearAttnParams& p) {
+  return tc_segments(p, num_states(p) * p.num_kv_heads, 1);
+}
+inline bool fused_dkv128(const LinearAttnParams& p) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ATTNRNN_BWD_FUSED_DKV128");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  return enabled && (wgmma_mask() & 64) == 0 && !p.normalize && p.head_dim_k == 128 && p.head_dim_v == 128 &&
+         wgmma_planned(p, true) && wg_state_pass_enabled() && fused_dkv128_segments(p) > 1;
+}
+inline int64_t fused_dkv128_partial_floats(const LinearAttnParams& p) {
+  if (!fused_dkv128(p)) return 0;
+  return fused_dkv128_segments(p) * num_states(p) * p.num_kv_heads * 2 * WgLayout<128>::partial_floats;
+}
+
 // Workspace of the CUDA ops: [2 floats per (token, query head) for the backward][pass-1 partials]
 // [phi(q), phi(k) when the tensor-core sweeps run with a feature map].
 inline int64_t round256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -224,7 +258,8 @@ inline BwdPartials bwd_partials(const LinearAttnParams& p) {
   // the dk region also holds the fused dk + dv sweep's partials where that sweep may run
   const int64_t dk = std::max(sweep_partial_floats<TcRole::kGradK>(p, wg, V),
                               wgmma_fused_dkv(p) ? wg_partial_floats<TcRole::kGradKV, 64>(p) : int64_t(0));
-  const int64_t dv = sweep_partial_floats<TcRole::kGradV>(p, wg, K);
+  // the dv region also holds the fused dk + dv sweep's (dv's state pass on that sweep's split)
+  const int64_t dv = std::max(sweep_partial_floats<TcRole::kGradV>(p, wg, K), fused_dkv128_partial_floats(p));
   const int64_t dk_offset = round256(4 * std::max(den, dq));
   return BwdPartials{dk_offset, dk_offset + round256(4 * dk), 4 * dv};
 }

@@ -321,8 +321,8 @@ def test_fused_dk_dv_sweep_agrees_with_the_two_sweeps(ar, tmp_path):
 # same order and agree bitwise without the normalizer; with it the state pass sums z on m64n8 wgmmas
 # with a tile of ones, which the 64-token sweeps' own pass 1 does on mma.sync, and everything
 # downstream agrees within a bound. Each sweep runs its own state pass here
-# (ATTNRNN_BWD_SHARED_STATE_PASS=0 and ATTNRNN_FWD_STATES_FOR_DQ=0; the shared ones for dk and dv and
-# for the forward and dq are compared below).
+# (ATTNRNN_BWD_SHARED_STATE_PASS=0, ATTNRNN_FWD_STATES_FOR_DQ=0 and ATTNRNN_BWD_FUSED_DKV128=0; the
+# shared ones for dk and dv and for the forward and dq, and the fused dk + dv sweep, are compared below).
 STATE_PASS_CASES = [
     Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
     Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
@@ -338,12 +338,10 @@ STATE_PASS_CASES = [
 
 @pytest.mark.parametrize("wgmma", ["63", "127"], ids=["shape-rule", "pair-everywhere"])
 def test_state_pass_agrees_with_the_sweeps_own_pass_1(ar, tmp_path, wgmma):
-    state_pass = _sweeps_in_subprocess(tmp_path / "state.pt", "STATE_PASS_CASES", ATTNRNN_WG_STATE_PASS="1",
-                                       ATTNRNN_TC_WGMMA=wgmma, ATTNRNN_BWD_SHARED_STATE_PASS="0",
-                                       ATTNRNN_FWD_STATES_FOR_DQ="0")
-    own = _sweeps_in_subprocess(tmp_path / "own.pt", "STATE_PASS_CASES", ATTNRNN_WG_STATE_PASS="0",
-                                ATTNRNN_TC_WGMMA=wgmma, ATTNRNN_BWD_SHARED_STATE_PASS="0",
-                                ATTNRNN_FWD_STATES_FOR_DQ="0")
+    separate = dict(ATTNRNN_TC_WGMMA=wgmma, ATTNRNN_BWD_SHARED_STATE_PASS="0", ATTNRNN_FWD_STATES_FOR_DQ="0",
+                    ATTNRNN_BWD_FUSED_DKV128="0")
+    state_pass = _sweeps_in_subprocess(tmp_path / "state.pt", "STATE_PASS_CASES", ATTNRNN_WG_STATE_PASS="1", **separate)
+    own = _sweeps_in_subprocess(tmp_path / "own.pt", "STATE_PASS_CASES", ATTNRNN_WG_STATE_PASS="0", **separate)
     _assert_runs_agree(STATE_PASS_CASES, state_pass, own)
     for case, a, b in zip(STATE_PASS_CASES, state_pass, own):
         if not case.normalize:
@@ -362,7 +360,7 @@ def test_shared_dk_dv_state_pass_agrees_with_separate_passes(ar, tmp_path, wgmma
     shared = _sweeps_in_subprocess(tmp_path / "shared.pt", "STATE_PASS_CASES", ATTNRNN_TC_WGMMA=wgmma,
                                    ATTNRNN_BWD_SHARED_STATE_PASS="1", ATTNRNN_BWD_FUSED_DKV128="0")
     apart = _sweeps_in_subprocess(tmp_path / "apart.pt", "STATE_PASS_CASES", ATTNRNN_TC_WGMMA=wgmma,
-                                  ATTNRNN_BWD_SHARED_STATE_PASS="0")
+                                  ATTNRNN_BWD_SHARED_STATE_PASS="0", ATTNRNN_BWD_FUSED_DKV128="0")
     _assert_bitwise_but("dk", STATE_PASS_CASES, shared, apart)
 
 
@@ -376,6 +374,26 @@ def test_fused_dk_dv_sweep_at_k128_agrees_with_the_two_sweeps(ar, tmp_path):
     fused = _sweeps_in_subprocess(tmp_path / "fused.pt", "STATE_PASS_CASES", ATTNRNN_BWD_FUSED_DKV128="1")
     apart = _sweeps_in_subprocess(tmp_path / "apart.pt", "STATE_PASS_CASES", ATTNRNN_BWD_FUSED_DKV128="0")
     _assert_bitwise_but("dk", STATE_PASS_CASES, fused, apart)
+
+
+# The fused dk + dv sweep where dv alone would not split: its blocks (one per (sequence, kv head))
+# fill at most half the SMs, dv's 64-token blocks more (on the H200: 64 and 128 of 132 SMs), so the
+# two sweeps run paired on 128-token chunks and the fused one in two segments after dv's state
+# pass. dk and dv (and dS0) round differently from the pairs' and agree within the bound; the
+# forward and dq are the same kernels, bitwise equal.
+UNSPLIT_DV_CASES = [
+    Case(2, 2048, 32, 128, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 2100, 96, 128, fp16, Hkv=48, feature_map="relu", normalize=False),
+]
+
+
+def test_fused_dk_dv_sweep_at_k128_agrees_with_the_paired_sweeps(ar, tmp_path):
+    fused = _sweeps_in_subprocess(tmp_path / "fused.pt", "UNSPLIT_DV_CASES", ATTNRNN_BWD_FUSED_DKV128="1")
+    paired = _sweeps_in_subprocess(tmp_path / "paired.pt", "UNSPLIT_DV_CASES", ATTNRNN_BWD_FUSED_DKV128="0")
+    _assert_runs_agree(UNSPLIT_DV_CASES, fused, paired)
+    for case, a, b in zip(UNSPLIT_DV_CASES, fused, paired):
+        for name in ("o", "dq"):
+            assert torch.equal(a[name], b[name]), f"{case.id}: {name}"
 
 
 # dq's partials from the forward's state pass, saved by the autograd kernel (unnormalized,
