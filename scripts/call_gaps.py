@@ -3,7 +3,10 @@
 inside the call, and the idle stretches between its kernels with the CUDA runtime calls the host
 made meanwhile (from torch.profiler's trace).
 
-    PYTHONPATH=python python scripts/call_gaps.py [--shapes B4-T8192-H16-D128,...] [--calls 10]
+    PYTHONPATH=python python scripts/call_gaps.py [--shapes B4-T8192-H16-D128,...] [--calls 10] [--host-detail]
+
+--host-detail also lists, under each idle stretch, the host's operators and runtime calls that started
+inside it and took at least MIN_OP_US (offset from the stretch's start, duration), in order.
 """
 import collections
 import json
@@ -19,6 +22,7 @@ import attnrnn
 from kernel_times import label, shape_name, shapes_of
 
 MIN_GAP_US = 3.0
+MIN_OP_US = 2.0
 
 
 def call_stats(trace_events, calls):
@@ -30,6 +34,8 @@ def call_stats(trace_events, calls):
     kernels = sorted((e for e in trace_events if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")),
                      key=lambda e: e["ts"])
     runtime = [e for e in trace_events if e.get("cat") == "cuda_runtime"]
+    host_ops = sorted((e for e in trace_events if e.get("cat") in ("cpu_op", "cuda_runtime") and e.get("dur", 0) >= MIN_OP_US),
+                      key=lambda e: e["ts"])
     out = []
     for i, mark in enumerate(marks):
         start = mark["ts"]
@@ -44,7 +50,8 @@ def call_stats(trace_events, calls):
         for k in mine:
             if k["ts"] - edge > MIN_GAP_US:
                 host = collections.Counter(r["name"] for r in runtime if edge <= r["ts"] < k["ts"])
-                gaps.append((k["ts"] - edge, before, k["name"], dict(host)))
+                ops = [(o["ts"] - edge, o["dur"], o["name"]) for o in host_ops if edge <= o["ts"] < k["ts"]]
+                gaps.append((k["ts"] - edge, before, k["name"], dict(host), ops))
             edge, before = max(edge, k["ts"] + k["dur"]), k["name"]
         out.append(dict(span=span, busy=busy, gaps=gaps))
     return out
@@ -96,9 +103,12 @@ def main():
             print(f"{name} norm={int(normalize)}  call {median_us:7.1f} us (events)  span {span:7.1f} us "
                   f"(profiled)  kernels busy {busy:7.1f} us  idle {span - busy:6.1f} us", flush=True)
             typical = stats[len(stats) // 2]
-            for length, before, after, host in sorted(typical["gaps"], reverse=True)[:6]:
+            for length, before, after, host, ops in sorted(typical["gaps"], key=lambda g: -g[0])[:6]:
                 calls_in = ", ".join(f"{n} x{c}" for n, c in sorted(host.items(), key=lambda x: -x[1])[:4])
                 print(f"    idle {length:6.1f} us  {label(before) if before else '(call start)'} -> {label(after)}  host: {calls_in or '-'}")
+                if "--host-detail" in sys.argv:
+                    for offset, dur, op in ops[:20]:
+                        print(f"        +{offset:6.1f} us  {dur:6.1f} us  {op[:70]}")
 
 
 if __name__ == "__main__":
