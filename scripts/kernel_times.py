@@ -2,7 +2,8 @@
 the training shapes, from torch.profiler: kernel times without the host's share of a call.
 
     ATTNRNN_TC_WGMMA=3 PYTHONPATH=python python scripts/kernel_times.py [--backward] [--shapes B1-T65536-H16-D128,...] [--fp16]
-(--shapes takes any B-T-H-D names, not only the training shapes; --fp16 times float16 inputs instead of bfloat16.)
+(--shapes takes any B-T-H-D names, not only the training shapes; --fp16 times float16 inputs instead of bfloat16;
+--feature-map NAME passes feature_map=NAME, e.g. relu or elu1.)
 (ATTNRNN_TC_WGMMA: 0 the mma.sync scans, 1 the wgmma forward, 3 the wgmma forward and backward,
 7 with dk and dv in one sweep at K = V = 64, 15 also the forward at K = 128, 31 also dq at V = 128
 and 63 (default) also dk and dv at inner dim 128 on 128-token chunks, where the shape rule picks
@@ -50,6 +51,7 @@ def main():
     backward = "--backward" in sys.argv
     shapes = shapes_of(sys.argv)
     dtype = torch.float16 if "--fp16" in sys.argv else torch.bfloat16
+    feature_map = sys.argv[sys.argv.index("--feature-map") + 1] if "--feature-map" in sys.argv else None
     gen = torch.Generator(device="cpu").manual_seed(0)
     for B, T, H, D in shapes:
         make = lambda: torch.randn(B, T, H, D, generator=gen).to("cuda", dtype)
@@ -58,7 +60,7 @@ def main():
             q, k, v = (t.requires_grad_() for t in (q, k, v))
         for normalize in (False, True):
             def call():
-                o = attnrnn.chunk_linear_attn(q, k, v, normalize=normalize)[0]
+                o = attnrnn.chunk_linear_attn(q, k, v, normalize=normalize, feature_map=feature_map)[0]
                 if backward:
                     o.backward(do)
                     q.grad = k.grad = v.grad = None  # else each rep adds its gradients into .grad
