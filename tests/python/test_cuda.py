@@ -297,6 +297,14 @@ def _assert_runs_agree(cases, runs, others):
                 assert relative_rms(a[name], b[name]) < 4e-3, f"{case.id}: {name}"
 
 
+def _assert_agree_and_equal_in(names, cases, runs, others):
+    """runs agree with others within the bound, and bit for bit in the outputs `names`."""
+    _assert_runs_agree(cases, runs, others)
+    for case, a, b in zip(cases, runs, others):
+        for name in names:
+            assert torch.equal(a[name], b[name]), f"{case.id}: {name} should be the same in both"
+
+
 def _assert_bitwise_but(moved, cases, runs, others):
     """runs agree with others within the bound, and bit for bit in every output but `moved`."""
     _assert_runs_agree(cases, runs, others)
@@ -390,10 +398,7 @@ UNSPLIT_DV_CASES = [
 def test_fused_dk_dv_sweep_at_k128_agrees_with_the_paired_sweeps(ar, tmp_path):
     fused = _sweeps_in_subprocess(tmp_path / "fused.pt", "UNSPLIT_DV_CASES", ATTNRNN_BWD_FUSED_DKV128="1")
     paired = _sweeps_in_subprocess(tmp_path / "paired.pt", "UNSPLIT_DV_CASES", ATTNRNN_BWD_FUSED_DKV128="0")
-    _assert_runs_agree(UNSPLIT_DV_CASES, fused, paired)
-    for case, a, b in zip(UNSPLIT_DV_CASES, fused, paired):
-        for name in ("o", "dq"):
-            assert torch.equal(a[name], b[name]), f"{case.id}: {name}"
+    _assert_agree_and_equal_in(("o", "dq"), UNSPLIT_DV_CASES, fused, paired)
 
 
 # dq's partials from the forward's state pass, saved by the autograd kernel (unnormalized,
@@ -513,10 +518,8 @@ PAIR_DK_DV_CASES = [
 def test_pair_dk_dv_sweeps_agree_with_the_64_token_sweeps(ar, tmp_path):
     pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_DK_DV_CASES", ATTNRNN_TC_WGMMA="127")
     single = _sweeps_in_subprocess(tmp_path / "single.pt", "PAIR_DK_DV_CASES", ATTNRNN_TC_WGMMA="95")
-    _assert_runs_agree(PAIR_DK_DV_CASES, pair, single)
+    _assert_agree_and_equal_in(("o", "dq"), PAIR_DK_DV_CASES, pair, single)
     for case, a, b in zip(PAIR_DK_DV_CASES, pair, single):
-        for name in ("o", "dq"):
-            assert torch.equal(a[name], b[name]), f"{case.id}: {name} should be the same in both"
         # dk is paired at V = 128, dv at K = 128; the other runs the same 64-token sweep in both
         for name, paired in (("dk", case.V == 128), ("dv", case.K == 128)):
             assert torch.equal(a[name], b[name]) != paired, f"{case.id}: {name} paired={paired}"
