@@ -16,6 +16,7 @@
 #include <string_view>
 #include <tuple>
 
+#include "attnrnn/torch.h"
 #include "operators.h"
 
 namespace {
@@ -165,11 +166,37 @@ PyObject* step(PyObject*, PyObject* const* items, Py_ssize_t count) {
   return THPVariable_Wrap(std::move(o));  // after the warning handler, as in chunk_fwd
 }
 
+// chunk_fwd_segment_state_floats(q, k, v, cu_seqlens, feature_map, normalize, chunk_size) -> int:
+// the size of chunk_fwd_with_segment_states' buffer for these inputs, 0 where the forward saves none
+// (attnrnn/torch.h). The autograd kernel sizes it in C++; Python asks for tests of the operator.
+PyObject* chunk_fwd_segment_state_floats(PyObject*, PyObject* const* items, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  if (!check_count(count, 7, "chunk_fwd_segment_state_floats")) return nullptr;
+  Args a{items};
+  const at::Tensor *q = a.tensor(0), *k = a.tensor(1), *v = a.tensor(2);
+  const OptTensor cu_seqlens = a.optional_tensor(3);
+  const std::string_view feature_map = a.text(4);
+  const bool normalize = a.boolean(5);
+  const int64_t chunk_size = a.integer(6);
+  if (!a.usable) {
+    PyErr_SetString(PyExc_TypeError,
+                    "chunk_fwd_segment_state_floats expects (Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens, "
+                    "str feature_map, bool normalize, int chunk_size)");
+    return nullptr;
+  }
+  return PyLong_FromLongLong(
+      attnrnn::aten::chunk_fwd_segment_state_floats(*q, *k, *v, cu_seqlens, feature_map, normalize, chunk_size));
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
     {"chunk_fwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_fwd)), METH_FASTCALL,
      "The eager call of torch.ops.attnrnn.chunk_fwd.default (NotImplemented: use torch.ops)."},
     {"step", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&step)), METH_FASTCALL,
      "The eager call of torch.ops.attnrnn.step.default (NotImplemented: use torch.ops)."},
+    {"chunk_fwd_segment_state_floats",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_fwd_segment_state_floats)), METH_FASTCALL,
+     "Elements of chunk_fwd_with_segment_states' buffer for these inputs (0: the forward saves none)."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef attnrnn_module = {PyModuleDef_HEAD_INIT, "_C", "attnrnn operator registrations and eager calls", -1,

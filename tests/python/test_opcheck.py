@@ -81,3 +81,42 @@ def test_chunk_fwd_saves_denominators_only_where_its_backward_reads_them(ar, dev
     saved = device == "cuda" and normalize and dtype == torch.bfloat16
     assert den.dtype == torch.float32
     assert den.shape == ((1, 10, 2) if saved else (0,))
+
+
+# The forward's segment states for dq (chunk_fwd_with_segment_states, chunk_bwd's segment_states):
+# the autograd kernel passes them only outside dispatch modes, so the recorder above never sees them.
+# B1-T8192-H2-D128 without normalize is a split shape on the H200 (test_cuda's state-pass test).
+def _split_inputs(device):
+    return [torch.randn(1, 8192, 2, 128, device=device, dtype=torch.bfloat16) for _ in range(3)]
+
+
+def _saves_segment_states(device, normalize):
+    return device == "cuda" and not normalize and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.parametrize("normalize", [False, True], ids=["unnorm", "norm"])
+def test_segment_state_buffer_is_empty_where_the_forward_saves_none(ar, device, normalize):
+    q, k, v = _split_inputs(device)
+    floats = ar._C.chunk_fwd_segment_state_floats(q, k, v, None, "identity", normalize, 0)
+    assert (floats > 0) == _saves_segment_states(device, normalize), floats
+
+
+def test_segment_state_buffer_size_takes_the_operator_arguments(ar):
+    q, k, v = _split_inputs("cpu")
+    with pytest.raises(TypeError, match="takes 7 positional arguments"):
+        ar._C.chunk_fwd_segment_state_floats(q, k, v, None, "identity", False)
+    with pytest.raises(TypeError, match="expects"):
+        ar._C.chunk_fwd_segment_state_floats(q, k, None, None, "identity", False, 0)
+
+
+def test_opcheck_forward_with_segment_states_and_the_backward_reading_them(ar, device):
+    if not _saves_segment_states(device, False):
+        pytest.skip("the forward saves segment states on sm_90a only (the test above checks that it saves none)")
+    q, k, v = _split_inputs(device)
+    states = torch.empty(ar._C.chunk_fwd_segment_state_floats(q, k, v, None, "identity", False, 0), device=device)
+    fwd_args = (q, k, v, None, None, None, 128 ** -0.5, 1e-6, "identity", False, False, 0, False, states)
+    torch.library.opcheck(torch.ops.attnrnn.chunk_fwd_with_segment_states.default, fwd_args)
+    o = torch.ops.attnrnn.chunk_fwd_with_segment_states(*fwd_args)[0]
+    bwd_args = (torch.randn_like(o), None, None, None, q, k, v, None, None, None, 128 ** -0.5, 1e-6, "identity",
+                False, 0)
+    torch.library.opcheck(torch.ops.attnrnn.chunk_bwd.default, bwd_args, {"segment_states": states})
