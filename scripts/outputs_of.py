@@ -26,6 +26,7 @@ def cases():
         Case(2, 190, 2, 128, fp16, feature_map="relu", initial_state=True, final_state=True),
         Case(2, 190, 2, 64, fp16, V=128),
         Case(1, 3000, 2, 128, bf16, V=64, feature_map=None, normalize=False),
+        Case(1, 4200, 2, 128, bf16, normalize=False),  # elu1 through the fused dk + dv sweep, a ragged last chunk
     ]
 
 

@@ -316,7 +316,14 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
             const int t = r0 + gr + 8 * r;
             if (t >= s.cl) continue;
             T* orow = row<T>(out, seq.b, s.t0 + t, out_head) + c0;
-            const T* raw = dphi_of ? row<T>(R == TcRole::kGradQ ? p.q : p.k, seq.b, s.t0 + t, out_head) + c0 : nullptr;
+            // phi' of the row's raw elements, all loaded before its first store (as in wg_write_rows:
+            // a load behind each store cost a memory latency per element pair)
+            uint32_t raw2[NT];
+            if (dphi_of) {
+              const T* raw = row<T>(R == TcRole::kGradQ ? p.q : p.k, seq.b, s.t0 + t, out_head) + c0;
+#pragma unroll
+              for (int ni = 0; ni < NT; ++ni) raw2[ni] = *reinterpret_cast<const uint32_t*>(raw + ni * 8 + t2);
+            }
 #pragma unroll
             for (int ni = 0; ni < NT; ++ni) {
               float x0 = O[ni][2 * r], x1 = O[ni][2 * r + 1];
@@ -325,7 +332,7 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
                 x1 *= inv[r];
               }
               if (dphi_of) {
-                const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(raw + ni * 8 + t2));
+                const float2 q2 = unpack2<T>(raw2[ni]);
                 x0 *= dphi(p.feature_map, q2.x);
                 x1 *= dphi(p.feature_map, q2.y);
               }

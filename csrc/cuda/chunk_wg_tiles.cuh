@@ -266,63 +266,85 @@ __device__ __forceinline__ bool wg_aligned16(const MutView& out) {
 // An accumulator's rows times inv (and, with dphi_of, phi' of the raw input's rows) into out at
 // columns c0 + [0, 64): this thread's rows r0 and r0 + 8 of the chunk from token t0 (cl valid).
 // With `scratch`, a 64 x 64 tile of shared memory (wg_at's layout) that no product reads any more
-// (the step's A tile), and out 16-byte aligned, without phi': staged through this warp's 16 rows
-// of it (stmatrix), then four 16-byte stores per thread, each instruction four whole 128-byte rows.
+// (the step's A tile), and out 16-byte aligned: staged through this warp's 16 rows of it
+// (stmatrix), then four 16-byte stores per thread, each instruction four whole 128-byte rows.
 // Sixteen 4-byte stores per thread touch eight rows each: their queue held the warps, which waited
 // to reuse the stores' registers (ncu: 10-17% of the backward sweeps' stall samples). Each warp
 // overwrites only its own 16 rows after its own wgmma wait: warp w's share of an m64 product reads A
 // rows [16w, 16w + 16) (on its own sub-partition's tensor core), which the PTX ISA does not spell out;
 // the bitwise A/B against the direct stores is the check. The views come by value (see tc_view).
+// phi' multiplies in fp32 before the rounding. Its raw elements are loaded eight pairs at a time
+// ahead of their stores: loads and stores interleaved kept each load behind the store before it (out
+// may alias raw as far as the compiler knows), a memory latency per element pair (H200,
+// B1-T65536-H16-D128 with relu: the dk + dv sweep 538 -> 1851 us, dq 338 -> 1093 against the
+// identity map). Eight, not all sixteen: sixteen more live registers spilled the paired dk with the
+// normalizer (4 -> 20 bytes); four spilled no less than eight.
 template <class T>
 __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&acc)[32], const float (&inv)[2],
                                               FeatureMap fm, bool dphi_of, const ConstView raw, int64_t b,
                                               int64_t t0, int cl, int64_t head, int c0, int tid,
                                               unsigned char* scratch = nullptr) {
-  if (scratch != nullptr && !dphi_of && wg_aligned16(out)) {
-    const int lane = tid % 32, warp = (tid / 32) % 4;
-    const int r = 16 * warp + lane / 8, piece = lane % 8;  // this lane's rows r + 4k, 16 bytes each
-    // addresses first: computed after the stmatrix, they reused its source registers and waited on it
-    T* o = row<T>(out, b, t0 + r, head) + c0 + 8 * piece;
-    const int64_t rows4 = 4 * out.stride_t;
-    __syncwarp();  // every lane is done reading the rows of an earlier output staged here
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {  // column groups 2q, 2q + 1 (8 columns each), rows r0 and r0 + 8
-      uint32_t x[4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int e = 2 * (4 * q + m), half = m & 1;
-        x[m] = pack2<T>(acc[e] * inv[half], acc[e + 1] * inv[half]);
-      }
-      const int mat = 4 * q + lane / 8;
-      stsm_x4(scratch + wg_at(16 * warp + 8 * (mat % 2) + lane % 8, 8 * (mat / 2)), x);
-    }
-    __syncwarp();
-    uint4 v[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = *reinterpret_cast<const uint4*>(scratch + wg_at(r + 4 * k, 8 * piece));
-#pragma unroll
-    for (int k = 0; k < 4; ++k, o += rows4)
-      if (r + 4 * k < cl) *reinterpret_cast<uint4*>(o) = v[k];
-    return;
-  }
   const int r0 = wg_acc_row(tid, 0);
-  T* const o0 = row<T>(out, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0);
-  T* const orow[2] = {o0, o0 + 8 * out.stride_t};
-  const T* const raw0 = dphi_of ? row<T>(raw, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0) : nullptr;
-  // One loop per case: a branch on dphi_of inside it cost every element a test and a reconvergence
+  // One body per case: a branch on dphi_of per element cost every element a test and a reconvergence
   // point, with the identity map too.
   auto write = [&](auto with_dphi) {
+    constexpr bool kDphi = decltype(with_dphi)::value;
+    constexpr int kBatch = 8;  // element pairs (e, e + 1) per batch of raw loads
+    uint32_t raw2[kDphi ? kBatch : 1];  // the raw pair of elements (e, e + 1) at raw2[e / 2 % kBatch]
+    const T* const raw0 = kDphi ? row<T>(raw, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0) : nullptr;
+    auto load_raw = [&](int e0) {  // pairs e0 / 2 .. e0 / 2 + kBatch - 1
+      if constexpr (kDphi) {
 #pragma unroll
-    for (int e = 0; e < 32; e += 2) {
+        for (int i = 0; i < kBatch; ++i) {
+          const int e = e0 + 2 * i, half = (e >> 1) & 1;
+          raw2[i] = r0 + 8 * half < cl
+                        ? *reinterpret_cast<const uint32_t*>(raw0 + 8 * half * raw.stride_t + 8 * (e >> 2))
+                        : 0u;
+        }
+      }
+    };
+    auto packed = [&](int e) {  // elements e, e + 1 (row r0 + 8 * half), scaled, as two 16-bit values
       const int half = (e >> 1) & 1;
-      if (r0 + 8 * half >= cl) continue;
       float x0 = acc[e] * inv[half], x1 = acc[e + 1] * inv[half];
-      if constexpr (decltype(with_dphi)::value) {
-        const float2 q2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(raw0 + 8 * half * raw.stride_t + 8 * (e >> 2)));
+      if constexpr (kDphi) {
+        const float2 q2 = unpack2<T>(raw2[e / 2 % kBatch]);
         x0 *= dphi(fm, q2.x);
         x1 *= dphi(fm, q2.y);
       }
-      *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = pack2<T>(x0, x1);
+      return pack2<T>(x0, x1);
+    };
+    if (scratch != nullptr && wg_aligned16(out)) {
+      const int lane = tid % 32, warp = (tid / 32) % 4;
+      const int r = 16 * warp + lane / 8, piece = lane % 8;  // this lane's rows r + 4k, 16 bytes each
+      // addresses first: computed after the stmatrix, they reused its source registers and waited on it
+      T* o = row<T>(out, b, t0 + r, head) + c0 + 8 * piece;
+      const int64_t rows4 = 4 * out.stride_t;
+      __syncwarp();  // every lane is done reading the rows of an earlier output staged here
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // column groups 2q, 2q + 1 (8 columns each), rows r0 and r0 + 8
+        if (4 * q % kBatch == 0) load_raw(8 * q);
+        uint32_t x[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) x[m] = packed(2 * (4 * q + m));
+        const int mat = 4 * q + lane / 8;
+        stsm_x4(scratch + wg_at(16 * warp + 8 * (mat % 2) + lane % 8, 8 * (mat / 2)), x);
+      }
+      __syncwarp();
+      uint4 v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = *reinterpret_cast<const uint4*>(scratch + wg_at(r + 4 * k, 8 * piece));
+#pragma unroll
+      for (int k = 0; k < 4; ++k, o += rows4)
+        if (r + 4 * k < cl) *reinterpret_cast<uint4*>(o) = v[k];
+      return;
+    }
+    T* const o0 = row<T>(out, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0);
+    T* const orow[2] = {o0, o0 + 8 * out.stride_t};
+#pragma unroll
+    for (int e = 0; e < 32; e += 2) {
+      if (e / 2 % kBatch == 0) load_raw(e);
+      const int half = (e >> 1) & 1;
+      if (r0 + 8 * half < cl) *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = packed(e);
     }
   };
   if (dphi_of)
