@@ -273,13 +273,13 @@ __device__ __forceinline__ bool wg_aligned16(const MutView& out) {
 // overwrites only its own 16 rows after its own wgmma wait: warp w's share of an m64 product reads A
 // rows [16w, 16w + 16) (on its own sub-partition's tensor core), which the PTX ISA does not spell out;
 // the bitwise A/B against the direct stores is the check. The views come by value (see tc_view).
-// phi' multiplies in fp32 before the rounding. Its raw elements are loaded eight pairs at a time
+// phi' multiplies in fp32 before the rounding. Its raw elements are loaded Batch pairs at a time
 // ahead of their stores: loads and stores interleaved kept each load behind the store before it (out
 // may alias raw as far as the compiler knows), a memory latency per element pair (H200,
 // B1-T65536-H16-D128 with relu: the dk + dv sweep 538 -> 1851 us, dq 338 -> 1093 against the
-// identity map). Eight, not all sixteen: sixteen more live registers spilled the paired dk with the
-// normalizer (4 -> 20 bytes); four spilled no less than eight.
-template <class T>
+// identity map). All sixteen in one batch by default; eight where sixteen more live registers spill
+// (the paired sweeps with the normalizer: their dk 4 -> 20 bytes).
+template <class T, int Batch = 16>
 __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&acc)[32], const float (&inv)[2],
                                               FeatureMap fm, bool dphi_of, const ConstView raw, int64_t b,
                                               int64_t t0, int cl, int64_t head, int c0, int tid,
@@ -289,7 +289,8 @@ __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&a
   // point, with the identity map too.
   auto write = [&](auto with_dphi) {
     constexpr bool kDphi = decltype(with_dphi)::value;
-    constexpr int kBatch = 8;  // element pairs (e, e + 1) per batch of raw loads
+    constexpr int kBatch = Batch;  // element pairs (e, e + 1) per batch of raw loads
+    static_assert(kBatch == 4 || kBatch == 8 || kBatch == 16, "a batch covers whole stmatrix groups");
     uint32_t raw2[kDphi ? kBatch : 1];  // the raw pair of elements (e, e + 1) at raw2[e / 2 % kBatch]
     const T* const raw0 = kDphi ? row<T>(raw, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0) : nullptr;
     auto load_raw = [&](int e0) {  // pairs e0 / 2 .. e0 / 2 + kBatch - 1
@@ -313,6 +314,7 @@ __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&a
       }
       return pack2<T>(x0, x1);
     };
+    if constexpr (kBatch == 16) load_raw(0);  // every pair, before either way of storing
     if (scratch != nullptr && wg_aligned16(out)) {
       const int lane = tid % 32, warp = (tid / 32) % 4;
       const int r = 16 * warp + lane / 8, piece = lane % 8;  // this lane's rows r + 4k, 16 bytes each
@@ -322,7 +324,7 @@ __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&a
       __syncwarp();  // every lane is done reading the rows of an earlier output staged here
 #pragma unroll
       for (int q = 0; q < 4; ++q) {  // column groups 2q, 2q + 1 (8 columns each), rows r0 and r0 + 8
-        if (4 * q % kBatch == 0) load_raw(8 * q);
+        if (kBatch < 16 && 4 * q % kBatch == 0) load_raw(8 * q);
         uint32_t x[4];
 #pragma unroll
         for (int m = 0; m < 4; ++m) x[m] = packed(2 * (4 * q + m));
@@ -342,7 +344,7 @@ __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&a
     T* const orow[2] = {o0, o0 + 8 * out.stride_t};
 #pragma unroll
     for (int e = 0; e < 32; e += 2) {
-      if (e / 2 % kBatch == 0) load_raw(e);
+      if (kBatch < 16 && e / 2 % kBatch == 0) load_raw(e);
       const int half = (e >> 1) & 1;
       if (r0 + 8 * half < cl) *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = packed(e);
     }
