@@ -285,10 +285,12 @@ __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&a
                                               int64_t t0, int cl, int64_t head, int c0, int tid,
                                               unsigned char* scratch = nullptr) {
   const int r0 = wg_acc_row(tid, 0);
-  // One body per case: a branch on dphi_of per element cost every element a test and a reconvergence
-  // point, with the identity map too.
-  auto write = [&](auto with_dphi) {
-    constexpr bool kDphi = decltype(with_dphi)::value;
+  // One body per feature map (kIdentity: no phi'): a branch on dphi_of per element cost every element
+  // a test and a reconvergence point, with the identity map too, and phi' with the map a runtime value
+  // switched on it for each element.
+  auto write = [&](auto map) {
+    constexpr FeatureMap kMap = decltype(map)::value;
+    constexpr bool kDphi = kMap != FeatureMap::kIdentity;
     constexpr int kBatch = Batch;  // element pairs (e, e + 1) per batch of raw loads
     static_assert(kBatch == 4 || kBatch == 8 || kBatch == 16, "a batch covers whole stmatrix groups");
     uint32_t raw2[kDphi ? kBatch : 1];  // the raw pair of elements (e, e + 1) at raw2[e / 2 % kBatch]
@@ -309,8 +311,8 @@ __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&a
       float x0 = acc[e] * inv[half], x1 = acc[e + 1] * inv[half];
       if constexpr (kDphi) {
         const float2 q2 = unpack2<T>(raw2[e / 2 % kBatch]);
-        x0 *= dphi(fm, q2.x);
-        x1 *= dphi(fm, q2.y);
+        x0 *= dphi(kMap, q2.x);
+        x1 *= dphi(kMap, q2.y);
       }
       return pack2<T>(x0, x1);
     };
@@ -349,10 +351,15 @@ __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&a
       if (r0 + 8 * half < cl) *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = packed(e);
     }
   };
-  if (dphi_of)
-    write(std::true_type{});
+  using Identity = std::integral_constant<FeatureMap, FeatureMap::kIdentity>;
+  using Elu1 = std::integral_constant<FeatureMap, FeatureMap::kElu1>;
+  using Relu = std::integral_constant<FeatureMap, FeatureMap::kRelu>;
+  if (!dphi_of || fm == FeatureMap::kIdentity)
+    write(Identity{});
+  else if (fm == FeatureMap::kElu1)
+    write(Elu1{});
   else
-    write(std::false_type{});
+    write(Relu{});
 }
 
 }  // namespace attnrnn::cuda
