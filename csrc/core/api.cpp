@@ -148,8 +148,9 @@ Status check_step(const LinearAttnStepParams& p) {
   }
   if (p.batch > 0) {
     ATTNRNN_REQUIRE(p.q.data && p.k.data && p.v.data && p.o.data, "q, k, v and o must not be null");
-    ATTNRNN_REQUIRE(p.S != nullptr, "S must not be null");
-    ATTNRNN_REQUIRE(!p.normalize || p.z != nullptr, "z must not be null when normalize is true");
+    // An empty pool (every index negative, or out of range) has no rows to point at.
+    ATTNRNN_REQUIRE(p.pool_size == 0 || p.S != nullptr, "S must not be null");
+    ATTNRNN_REQUIRE(p.pool_size == 0 || !p.normalize || p.z != nullptr, "z must not be null when normalize is true");
   }
   return Status::kSuccess;
 }

@@ -53,8 +53,10 @@ inline void check_rank(const at::Tensor& t, int64_t rank, const char* op, const 
                     ", got shape ", shape_of(t));
 }
 
+// An empty tensor passes whatever its strides: none of its elements is read (autograd's gradient of
+// an empty output can come with all strides 0).
 inline void check_unit_last_stride(const at::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK_VALUE(t.size(-1) <= 1 || t.stride(-1) == 1, op, ": ", name,
+  TORCH_CHECK_VALUE(t.numel() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1, op, ": ", name,
                     " must have unit stride in its last dimension, got strides ", t.strides());
 }
 

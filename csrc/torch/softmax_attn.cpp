@@ -1,5 +1,6 @@
 // ATen glue of the softmax-attention ops: check every argument (naming it), allocate outputs,
 // fill the torch-free params, turn a status into an exception. No math lives here.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
@@ -182,6 +183,12 @@ at::Tensor softmax_attn_step(const at::Tensor& q, at::Tensor& k_cache, at::Tenso
       TORCH_CHECK_VALUE(t->sizes() == at::IntArrayRef(want), op, ": ", name, " must have shape ", want, ", got ", t->sizes());
       check_unit_last_stride(*t, op, name);
     }
+    // The append writes one row per batch entry: rows that share memory (an expand()ed cache)
+    // would take each other's writes.
+    for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&k_cache, "k_cache"}, {&v_cache, "v_cache"}})
+      TORCH_CHECK_VALUE(at::has_internal_overlap(*t) != at::MemOverlap::Yes, op, ": ", name,
+                        " must not have elements that share memory (strides ", t->strides(),
+                        ") when k_new and v_new are appended to it");
   }
   const at::Tensor lens = cache_seqlens.contiguous();
   set_device(p, q);

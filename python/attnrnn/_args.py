@@ -1,4 +1,6 @@
 """Argument helpers shared by the public functions."""
+import numbers
+
 import torch
 
 
@@ -7,10 +9,27 @@ def check_tensor(x, name):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
 
 
+def last_dim(x):
+    """x's last dimension, 0 for a 0-D tensor (whose rank the op then refuses by name)."""
+    return x.shape[-1] if x.dim() > 0 else 0
+
+
+def as_real(x, name):
+    """A real-number option as float: Python and NumPy reals; anything else raises, naming it."""
+    if isinstance(x, (torch.Tensor, str, bool, complex)) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__} {x!r}")
+    return float(x)
+
+
+def as_flag(x, name):
+    """A boolean option: a string ('False' would be true) raises instead, naming it."""
+    if isinstance(x, str):
+        raise TypeError(f"{name} must be a bool, got str {x!r}")
+    return bool(x)
+
+
 def resolve_scale(scale, head_dim):
-    """The scale option: a Python number, or head_dim ** -0.5 when None."""
+    """The scale option: a real number, or head_dim ** -0.5 when None."""
     if scale is None:
         return head_dim ** -0.5 if head_dim > 0 else 1.0
-    if isinstance(scale, torch.Tensor):
-        raise TypeError("scale must be a Python number, got a tensor")
-    return float(scale)
+    return as_real(scale, "scale")

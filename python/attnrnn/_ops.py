@@ -57,14 +57,24 @@ def fake_check_cu_seqlens(cu_seqlens, op):
         raise ValueError(f"{op}: cu_seqlens must be a 1-D tensor [N + 1], got shape {list(cu_seqlens.shape)}")
 
 
-def _check_sequence_args(q, k, v, cu_seqlens, op):
+def fake_check_devices(op, q, tensors):
+    """The ValueError of csrc/torch/checks.h check_same_device for each {name: tensor or None}, for
+    fake kernels: a meta tensor among real ones dispatches to the fake kernel, which would otherwise
+    hand back uninitialized memory where the real op refuses the mix."""
+    for name, t in tensors.items():
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{op}: {name} must be on the device of q ({q.device}), got {t.device}")
+
+
+def _check_sequence_args(q, k, v, cu_seqlens, op, others=None):
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         fake_check_rank(t, 4, op, name, _LAYOUTS[name])
     fake_check_cu_seqlens(cu_seqlens, op)
+    fake_check_devices(op, q, {"k": k, "v": v, "cu_seqlens": cu_seqlens, **(others or {})})
 
 
 def _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state, op):
-    _check_sequence_args(q, k, v, cu_seqlens, op)
+    _check_sequence_args(q, k, v, cu_seqlens, op, {"initial_state.S": initial_S, "initial_state.z": initial_z})
     B, T, H, K = q.shape
     Hkv, V = v.shape[2], v.shape[3]
     N = _num_states(q, cu_seqlens)
@@ -80,8 +90,10 @@ def writes_den(q, normalize):
     return normalize and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
 
 
-def _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, op):
-    _check_sequence_args(q, k, v, cu_seqlens, op)
+def _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, op, dout, o, d_final_S, d_final_z, **others):
+    _check_sequence_args(q, k, v, cu_seqlens, op, {
+        "initial_state.S": initial_S, "initial_state.z": initial_z, "grad of o": dout, "o": o,
+        "grad of final_state.S": d_final_S, "grad of final_state.z": d_final_z, **others})
     dt = state_dtype(q)
     dS0 = initial_S.new_empty(initial_S.shape) if initial_S is not None else q.new_empty((0,), dtype=dt)
     dz0 = initial_z.new_empty(initial_z.shape) if initial_z is not None else q.new_empty((0,), dtype=dt)
@@ -119,13 +131,15 @@ def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normal
 @torch.library.register_fake("attnrnn::chunk_bwd")
 def _(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
       normalize, chunk_size, den=None, segment_states=None):
-    return _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, "chunk_linear_attn backward")
+    return _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, "chunk_linear_attn backward", dout, o, d_final_S,
+                          d_final_z, den=den, segment_states=segment_states)
 
 
 @torch.library.register_fake("attnrnn::recurrent_bwd")
 def _(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
       normalize):
-    return _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, "recurrent_linear_attn backward")
+    return _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, "recurrent_linear_attn backward", dout, o,
+                          d_final_S, d_final_z)
 
 
 @torch.library.register_fake("attnrnn::step")
@@ -134,6 +148,7 @@ def _(q, k, v, S, z, state_indices, scale, eps, feature_map, normalize):
     fake_check_rank(q, 3, op, "q", "[B, H, K]")
     fake_check_rank(k, 3, op, "k", "[B, Hkv, K]")
     fake_check_rank(v, 3, op, "v", "[B, Hkv, V]")
+    fake_check_devices(op, q, {"k": k, "v": v, "state.S": S, "state.z": z, "state_indices": state_indices})
     return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
 
 

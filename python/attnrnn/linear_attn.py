@@ -15,7 +15,8 @@ import torch
 
 from . import _ops
 from ._ops import ops
-from ._args import check_tensor as _check_tensor, resolve_scale as _scale
+from ._args import as_flag as _flag, as_real as _real, check_tensor as _check_tensor, last_dim as _last_dim
+from ._args import resolve_scale as _scale
 
 FEATURE_MAPS = ("identity", "elu1", "relu")
 FeatureMapArg = Union[None, str, Callable[[torch.Tensor], torch.Tensor]]
@@ -79,8 +80,8 @@ def _sequence_op(fwd, q, k, v, scale, normalize, feature_map, eps, initial_state
     if initial_state is not None:
         S0, z0 = _split_state(initial_state, normalize, "initial_state")
     # chunk_fwd also returns the denominators it saved for the backward (autograd keeps them)
-    out = fwd(q, k, v, S0, z0, cu_seqlens, _scale(scale, q.shape[-1]), float(eps), fm, bool(normalize),
-              bool(output_final_state), *extra)
+    out = fwd(q, k, v, S0, z0, cu_seqlens, _scale(scale, _last_dim(q)), _real(eps, "eps"), fm,
+              _flag(normalize, "normalize"), _flag(output_final_state, "output_final_state"), *extra)
     if not output_final_state:
         return out[0], None
     return out[0], LinearAttnState(out[1], out[2] if normalize else None)
@@ -202,5 +203,6 @@ def linear_attn_step(
                     "requires grad; pass a detached state (or run under torch.no_grad()), or use "
                     "recurrent_linear_attn or chunk_linear_attn with initial_state for gradients")
     q, k, fm = _feature_map(q, k, feature_map)
-    o = _ops.step(q, k, v, S, z, state_indices, _scale(scale, q.shape[-1]), float(eps), fm, bool(normalize))
+    o = _ops.step(q, k, v, S, z, state_indices, _scale(scale, _last_dim(q)), _real(eps, "eps"), fm,
+                  _flag(normalize, "normalize"))
     return o.unsqueeze(1) if four_d else o

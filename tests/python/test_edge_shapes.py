@@ -64,9 +64,44 @@ def test_output_and_state_dtypes(ar, op, device, dtype):
     assert st is None
 
 
+@pytest.mark.parametrize("op", OPS + ["streaming"])
+@pytest.mark.parametrize("B,T", [(2, 0), (0, 5)], ids=["T0", "B0"])
+def test_backward_of_an_empty_output_through_sum(ar, op, device, B, T):
+    """o.sum().backward() hands the backward an empty gradient with all strides 0."""
+    q = torch.randn(B, T, 2, 8, device=device, requires_grad=True)
+    k, v = torch.randn(B, T, 2, 8, device=device), torch.randn(B, T, 2, 8, device=device)
+    o = ar.softmax.streaming_attn(q, k, v) if op == "streaming" else getattr(ar, f"{op}_linear_attn")(q, k, v)[0]
+    o.sum().backward()
+    assert q.grad.shape == q.shape
+
+
+def test_step_over_an_empty_pool_skips_every_row(ar, device):
+    q, k, v = torch.randn(2, 2, 8, device=device), torch.randn(2, 2, 8, device=device), torch.randn(2, 2, 8, device=device)
+    S, z = torch.zeros(0, 2, 8, 8, device=device), torch.zeros(0, 2, 8, device=device)
+    o = ar.linear_attn_step(q, k, v, (S, z), state_indices=torch.tensor([-1, -1], device=device))
+    assert torch.equal(o, torch.zeros_like(o))
+
+
 def test_step_batch_zero(ar, device):
     q, k, v = (torch.randn(0, 2, 8, device=device) for _ in range(3))
     S, z = torch.zeros(4, 2, 8, 8, device=device), torch.ones(4, 2, 8, device=device)
     o = ar.linear_attn_step(q, k, v, (S, z))
     assert o.shape == (0, 2, 8)
     assert torch.equal(S, torch.zeros_like(S))
+
+
+@pytest.mark.parametrize("op", OPS + ["step"])
+def test_relu_feature_map_keeps_nan_on_the_cpu(ar, op):
+    """relu(NaN) is NaN, as torch.relu and the reference have it: a NaN in q reaches the output
+    instead of reading as 0. (CPU; the CUDA kernels' relu still maps NaN to 0, a known gap.)"""
+    q, k, v = torch.randn(1, 6, 2, 8), torch.randn(1, 6, 2, 8), torch.randn(1, 6, 2, 8)
+    q[0, 3, 1, 2] = float("nan")
+    if op == "step":
+        S, z = torch.zeros(1, 2, 8, 8), torch.ones(1, 2, 8)
+        o = ar.linear_attn_step(q[:, 3], k[:, 3], v[:, 3], (S, z), feature_map="relu")[:, None]
+        t = 0
+    else:
+        o = getattr(ar, f"{op}_linear_attn")(q, k, v, feature_map="relu")[0]
+        t = 3
+        assert torch.isfinite(o[0, :t]).all() and torch.isfinite(o[0, t + 1:]).all()
+    assert torch.isnan(o[0, t, 1]).all() and torch.isfinite(o[0, t, 0]).all()

@@ -1,4 +1,4 @@
-"""Every bad input raises ValueError/RuntimeError whose message names the offending argument.
+"""Every bad input raises ValueError/TypeError/RuntimeError whose message names the offending argument.
 Nothing is silently wrong."""
 import pytest
 import torch
@@ -106,6 +106,18 @@ SEQUENCE_CASES = [
     ("feature_map-unknown", _set(feature_map="gelu"), r"feature_map", None),
     ("feature_map-not-str-or-callable", _set(feature_map=3), r"feature_map", None),
     ("scale-nan", _set(scale=float("nan")), r"scale", None),
+    ("scale-str", _set(scale="0.5"), r"scale", None),
+    ("scale-complex", _set(scale=1 + 2j), r"scale", None),
+    ("eps-None", _set(eps=None), r"\beps\b", None),
+    ("normalize-str", _set(normalize="False"), r"normalize", None),
+    ("output_final_state-str", _set(output_final_state="no"), r"output_final_state", None),
+    ("q-0d", _set(q=lambda dev, d: torch.tensor(1.0, device=dev)), r"\bq\b", None),
+    # a meta tensor among real ones reaches the fake kernel, which must refuse it as the op does
+    ("k-on-meta", _set(k=lambda dev, d: d["k"].to("meta")), r"\bk must be on the device of q", None),
+    ("cu_seqlens-on-meta", _set(cu_seqlens=lambda dev, d: torch.tensor([0, 3, 8], device="meta")),
+     r"cu_seqlens must be on the device of q", None),
+    ("initial_state-on-meta", _set(initial_state=lambda dev, d: tuple(s.to("meta") for s in _state(dev))),
+     r"initial_state\.S must be on the device of q", None),
 ]
 CHUNK_ONLY_CASES = [
     ("chunk_size-0", _set(chunk_size=0), r"chunk_size", None),
@@ -161,6 +173,9 @@ STEP_CASES = [
      _step_set(state=lambda dev, d: tuple(s.to(_other_device(dev)) for s in d["state"])),
      r"state", CUDA_ONLY),
     ("step-feature_map-unknown", _step_set(feature_map="softmax"), r"feature_map", None),
+    ("step-state_indices-on-meta", _step_set(state_indices=lambda dev, d: torch.tensor([0, 1, 2], device="meta")),
+     r"state_indices must be on the device of q", None),
+    ("step-eps-str", _step_set(eps="1e-6"), r"\beps\b", None),
     ("step-requires-grad", _step_set(q=lambda dev, d: d["q"].requires_grad_()),
      r"grad|differentiable", None),
     ("step-state-S-requires-grad",
@@ -195,7 +210,7 @@ def test_bad_input_raises_naming_the_argument(ar, device, api, build, regex, req
     if device != "cpu" and VALUES_CHECKED_ON_CPU in request.node.keywords:
         pytest.skip("device-side values are validated on the CPU only (no host sync)")
     d = build(device)
-    with pytest.raises((ValueError, RuntimeError), match=regex):
+    with pytest.raises((ValueError, TypeError, RuntimeError), match=regex):
         if api == "step":
             ar.linear_attn_step(d["q"], d["k"], d["v"], d["state"], **d["kw"])
         else:

@@ -92,7 +92,7 @@ inline void load_phi(FeatureMap fm, const T* __restrict src, int64_t n, A scale,
     case FeatureMap::kRelu:
       for (int64_t i = 0; i < n; ++i) {
         const A x = static_cast<A>(to_float(src[i]));
-        dst[i] = x > A(0) ? scale * x : A(0);
+        dst[i] = x < A(0) ? A(0) : scale * x;  // as torch.relu: NaN stays NaN, -0 stays -0
         if (dphi != nullptr) dphi[i] = x > A(0) ? scale : A(0);
       }
       break;

@@ -128,10 +128,14 @@ Status softmax_step(const SoftmaxAttnStepParams& p) {
       for (int64_t u = begin; u < end; ++u) {
         const A* pr = &part[u * S * stride];
         A M = sm::neg_inf<A>();
-        for (int64_t sp = 0; sp < S; ++sp) M = std::max(M, pr[sp * stride]);
-        std::fill(o.begin(), o.end(), A(0));
+        bool nan = false;  // NaN scores everywhere leave M at -inf and z NaN: not an empty row
+        for (int64_t sp = 0; sp < S; ++sp) {
+          M = std::max(M, pr[sp * stride]);
+          nan = nan || std::isnan(pr[sp * stride + 1]);
+        }
+        std::fill(o.begin(), o.end(), nan ? std::numeric_limits<A>::quiet_NaN() : A(0));
         A z = A(0);
-        if (M != sm::neg_inf<A>()) {
+        if (!nan && M != sm::neg_inf<A>()) {
           for (int64_t sp = 0; sp < S; ++sp) {
             const A* e = pr + sp * stride;
             if (e[1] == A(0)) continue;
@@ -140,7 +144,7 @@ Status softmax_step(const SoftmaxAttnStepParams& p) {
             for (int64_t c = 0; c < Dv; ++c) o[c] += f * e[2 + c];
           }
         }
-        const A inv = z > A(0) ? A(1) / z : A(0);
+        const A inv = nan ? A(1) : z > A(0) ? A(1) / z : A(0);
         for (int64_t c = 0; c < Dv; ++c) o[c] *= inv;
         const int64_t b = u / H, h = u % H;
         store_row(o.data(), Dv, static_cast<T*>(p.o.data) + b * p.o.stride_b + h * p.o.stride_h);

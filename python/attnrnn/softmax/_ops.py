@@ -8,16 +8,17 @@ has no backward of its own: differentiating through it (create_graph=True, then 
 import torch
 
 from .. import _C  # noqa: F401  (loads the operator registrations)
-from .._ops import fake_check_cu_seqlens, fake_check_rank, no_double_backward, state_dtype
+from .._ops import fake_check_cu_seqlens, fake_check_devices, fake_check_rank, no_double_backward, state_dtype
 
 ops = torch.ops.attnrnn
 
 
-def _check_sequence_args(q, k, v, cu_seqlens, op):
+def _check_sequence_args(q, k, v, cu_seqlens, op, others=None):
     fake_check_rank(q, 4, op, "q", "[B, Tq, H, D]")
     fake_check_rank(k, 4, op, "k", "[B, Tk, Hkv, D]")
     fake_check_rank(v, 4, op, "v", "[B, Tk, Hkv, Dv]")
     fake_check_cu_seqlens(cu_seqlens, op)
+    fake_check_devices(op, q, {"k": k, "v": v, "cu_seqlens": cu_seqlens, **(others or {})})
 
 
 @torch.library.register_fake("attnrnn::softmax_attn_fwd")
@@ -30,7 +31,7 @@ def _(q, k, v, cu_seqlens, scale, causal):
 
 @torch.library.register_fake("attnrnn::softmax_attn_bwd")
 def _(dout, q, k, v, o, lse, cu_seqlens, scale, causal):
-    _check_sequence_args(q, k, v, cu_seqlens, "streaming_attn backward")
+    _check_sequence_args(q, k, v, cu_seqlens, "streaming_attn backward", {"grad of o": dout, "o": o, "lse": lse})
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -40,6 +41,8 @@ def _(q, k_cache, v_cache, cache_seqlens, k_new, v_new, scale, split_size):
     fake_check_rank(q, 3, op, "q", "[B, H, D]")
     fake_check_rank(k_cache, 4, op, "k_cache", "[B, Lmax, Hkv, D]")
     fake_check_rank(v_cache, 4, op, "v_cache", "[B, Lmax, Hkv, Dv]")
+    fake_check_devices(op, q, {"k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens,
+                               "k_new": k_new, "v_new": v_new})
     return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
 
 
