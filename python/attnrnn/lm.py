@@ -147,6 +147,8 @@ class CausalLM(nn.Module):
         """A cache for ``num_slots`` concurrent sequences. ``max_len`` (tokens per sequence) is
         needed only by softmax layers; linear layers keep ``S [P, Hkv, K, V]``, ``z [P, Hkv, K]``."""
         device = self.embed.weight.device if device is None else device
+        if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
+            raise ValueError(f"num_slots must be an int >= 1, got {num_slots!r}")
         if "softmax" in self.layer_types and max_len is None:
             raise ValueError("max_len is required: this model has softmax layers, whose KV cache grows with the context")
         pools = [b.attn.make_state(num_slots, max_len=max_len, device=device) for b in self.blocks]
@@ -227,6 +229,8 @@ class CausalLM(nn.Module):
         The prompt is prefilled in one call (chunk kernel), then each new token is one decoding
         step (step kernel: O(1) state per linear layer)."""
         _check_top_k(top_k)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         if not temperature >= 0:
             raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:

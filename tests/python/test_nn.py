@@ -167,6 +167,28 @@ def test_generate_rejects_bad_temperature(lm, temperature):
         model.generate(torch.randint(0, 23, (1, 3)), max_new_tokens=2, temperature=temperature)
 
 
+@pytest.mark.parametrize("n", [-3, 2.5, True], ids=["negative", "float", "bool"])
+def test_generate_rejects_bad_max_new_tokens(lm, n):
+    model = _model(lm, "linear")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(torch.randint(0, 23, (1, 3)), max_new_tokens=n)
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5], ids=["zero", "negative", "float"])
+def test_make_cache_rejects_bad_num_slots(lm, n):
+    with pytest.raises(ValueError, match="num_slots"):
+        _model(lm, "linear").make_cache(n)
+
+
+@pytest.mark.parametrize("slots", [[1.7], "1", [True]], ids=["float", "str", "bool"])
+def test_cache_free_rejects_slots_that_are_not_ints(lm, slots):
+    cache = _model(lm, "linear").make_cache(3)
+    cache.allocate(3)
+    with pytest.raises(TypeError, match="slots"):
+        cache.free(slots)
+    assert cache.allocated_slots == [0, 1, 2], "nothing freed by a refused call"
+
+
 def test_sample_rejects_top_k_zero(lm):
     with pytest.raises(ValueError, match="top_k"):
         lm.CausalLM.sample(torch.randn(2, 5), temperature=1.0, top_k=0)
@@ -283,6 +305,19 @@ def test_layer_rejects_bad_constructor_args(nn):
         nn.LinearAttention(H, 4, feature_map="softmax")
     with pytest.raises(ValueError, match="max_len"):
         nn.SoftmaxAttention(H, 4).make_cache(2)
+
+
+@pytest.mark.parametrize("layer", ["LinearAttention", "SoftmaxAttention"])
+@pytest.mark.parametrize("arg,value", [("head_dim", -1), ("head_dim", 8.5), ("head_dim", 0), ("value_dim", 0)])
+def test_layer_rejects_bad_head_dims(nn, layer, arg, value):
+    with pytest.raises(ValueError, match=arg):
+        getattr(nn, layer)(H, 4, **{arg: value})
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.5"], ids=["nan", "inf", "str"])
+def test_softmax_layer_rejects_a_bad_scale(nn, scale):
+    with pytest.raises(ValueError, match="scale"):
+        nn.SoftmaxAttention(H, 4, scale=scale)
 
 
 def test_state_index_out_of_range_leaves_cache_untouched(lm):

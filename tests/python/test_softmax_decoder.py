@@ -55,3 +55,15 @@ def test_nocache_recomputes_superlinearly(ar):
         nc.next_logits(torch.randint(0, 20, (1, T)))
         calls.append(nc.calls)
     assert calls[1] / calls[0] > 2.5 and calls[2] / calls[1] > 3  # -> 4 (quadratic in T) for N = 2
+
+
+@pytest.mark.parametrize("block_size", [0, -4, 2.5], ids=["zero", "negative", "float"])
+def test_nocache_rejects_a_bad_block_size(ar, block_size):
+    model = ar.softmax.TinyTransformer(vocab=11, dim=16, n_layers=1, n_heads=2, n_kv_heads=1)
+    with pytest.raises(ValueError, match="block_size"):
+        ar.softmax.NoCacheDecoder(model, block_size=block_size)
+
+
+def test_tiny_transformer_rejects_heads_that_do_not_divide(ar):
+    with pytest.raises(ValueError, match="n_heads"):
+        ar.softmax.TinyTransformer(vocab=11, dim=16, n_layers=1, n_heads=3, n_kv_heads=1)

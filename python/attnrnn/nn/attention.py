@@ -17,6 +17,7 @@ differentiable (the cache itself is not: states are written detached).
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Union
 
 import torch
@@ -47,6 +48,9 @@ class _Attention(nn.Module):
                 raise ValueError(f"hidden_size={hidden_size} is not a multiple of num_heads={num_heads}; pass head_dim")
             head_dim = hidden_size // num_heads
         value_dim = head_dim if value_dim is None else value_dim
+        for value, name in ((head_dim, "head_dim"), (value_dim, "value_dim")):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.hidden_size, self.num_heads, self.num_kv_heads = hidden_size, num_heads, num_kv_heads
         self.head_dim, self.value_dim, self.layer_idx = head_dim, value_dim, layer_idx
         kw = dict(bias=bias, device=device, dtype=dtype)
@@ -226,6 +230,9 @@ class SoftmaxAttention(_Attention):
                  qk_norm: bool = False, bias: bool = False, layer_idx: int = 0, device=None, dtype=None):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, value_dim, qk_norm, bias, layer_idx,
                          device, dtype)
+        if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                      and math.isfinite(scale)):
+            raise ValueError(f"scale must be a finite number or None, got {scale!r}")
         self.scale = scale
 
     def spec(self) -> tuple:

@@ -20,6 +20,7 @@ specification of the model that built it so that a cache from another model is r
 """
 from __future__ import annotations
 
+import numbers
 from typing import Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
@@ -197,7 +198,13 @@ class AttentionCache:
             if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
                 raise ValueError(f"{name} must be a 1-D int32/int64 tensor, got {slots.dtype} {list(slots.shape)}")
             return [int(i) for i in slots.tolist()]
-        return [int(i) for i in slots]
+        if isinstance(slots, str):
+            raise TypeError(f"{name} must be a 1-D int tensor or an iterable of ints, got str {slots!r}")
+        idx = list(slots)
+        bad = [i for i in idx if isinstance(i, bool) or not isinstance(i, numbers.Integral)]
+        if bad:
+            raise TypeError(f"{name} must hold ints, got {bad}")
+        return [int(i) for i in idx]
 
     def check_indices(self, state_indices: Optional[torch.Tensor], batch: int, name: str = "state_indices"
                       ) -> torch.Tensor:

@@ -23,7 +23,9 @@ class Block(nn.Module):
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, mlp_mult: int = 4):
         super().__init__()
-        assert dim % n_heads == 0 and n_heads % n_kv_heads == 0
+        if n_heads < 1 or n_kv_heads < 1 or dim % n_heads or n_heads % n_kv_heads:
+            raise ValueError(f"n_heads must divide dim and n_kv_heads must divide n_heads, got dim={dim}, "
+                             f"n_heads={n_heads}, n_kv_heads={n_kv_heads}")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, dim // n_heads
         self.ln1 = nn.LayerNorm(dim)
         self.wq = nn.Linear(dim, dim, bias=False)
@@ -135,8 +137,10 @@ class NoCacheDecoder:
     """
 
     def __init__(self, model: TinyTransformer, block_size: int = 64):
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
         self.model = model
-        self.block = int(block_size)
+        self.block = block_size
         self.calls = 0  # _hidden evaluations (for the cost model)
 
     def _hidden(self, level: int, ids, start: int, end: int):
