@@ -83,6 +83,12 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
             f"q, k, v must be 4-D [B, T, H, D], got q {tuple(q.shape)}, k {tuple(k.shape)}, "
             f"v {tuple(v.shape)}"
         )
+    if not (q.shape[:2] == k.shape[:2] == v.shape[:2]):
+        raise ValueError(f"q, k, v must share B and T, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"q and k must share the head dim, got {q.shape[3]} and {k.shape[3]}")
+    if not all(t.is_floating_point() for t in (q, k, v)):
+        raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
     H, Hkv = q.shape[2], k.shape[2]
     if v.shape[2] != Hkv or Hkv == 0 or H % Hkv != 0:
         raise ValueError(f"k/v heads ({Hkv}, {v.shape[2]}) must be equal and divide q heads ({H})")
@@ -339,8 +345,9 @@ def linear_attn_step(q, k, v, state, *, scale=None, normalize=True, feature_map=
             raise ValueError(f"state pool has {P} rows < batch {B}; pass state_indices")
         idx = list(range(B))
     else:
-        if state_indices.dim() != 1 or state_indices.shape[0] != B:
-            raise ValueError(f"state_indices must be [B] = [{B}], got {tuple(state_indices.shape)}")
+        if state_indices.dim() != 1 or state_indices.shape[0] != B or state_indices.is_floating_point():
+            raise ValueError(f"state_indices must be an int tensor [B] = [{B}], got {state_indices.dtype} "
+                             f"{tuple(state_indices.shape)}")
         idx = [int(i) for i in state_indices.tolist()]
         used = [i for i in idx if i >= 0]
         if any(i >= P for i in used):

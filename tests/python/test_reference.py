@@ -123,3 +123,27 @@ def test_reference_step_equals_recurrent(ref):
                              feature_map="elu1", state_indices=torch.tensor([-1, 0, 2]))
     assert torch.equal(o[0], torch.zeros_like(o[0])) and torch.equal(S[4], before[4])
     assert not torch.equal(S[0], before[0])
+
+
+@pytest.mark.parametrize("what", ["k-batch-1", "v-T-short", "k-head-dim", "int-inputs"])
+def test_reference_refuses_mismatched_or_integer_inputs(ref, what):
+    """The references are the test oracle: they must not broadcast a batch or compute in integers."""
+    q, k, v = torch.randn(2, 5, 2, 4), torch.randn(2, 5, 1, 4), torch.randn(2, 5, 1, 3)
+    if what == "k-batch-1":
+        k = k[:1]
+    elif what == "v-T-short":
+        v = v[:, :4]
+    elif what == "k-head-dim":
+        k = torch.randn(2, 5, 1, 6)
+    else:
+        q, k, v = (torch.randint(-3, 3, t.shape) for t in (q, k, v))
+    for form in ("parallel", "recurrent", "chunk"):
+        with pytest.raises(ValueError, match="q, k, v|q and k"):
+            getattr(ref, f"{form}_linear_attn")(q, k, v)
+
+
+def test_reference_step_refuses_float_state_indices(ref):
+    q, k, v = torch.randn(2, 2, 4), torch.randn(2, 1, 4), torch.randn(2, 1, 3)
+    S, z = torch.zeros(3, 1, 4, 3), torch.ones(3, 1, 4)
+    with pytest.raises(ValueError, match="state_indices"):
+        ref.linear_attn_step(q, k, v, (S, z), state_indices=torch.tensor([0.0, 1.7]))

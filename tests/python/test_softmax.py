@@ -217,6 +217,22 @@ def test_decode_empty_cache_and_out_of_range(ar, device):
         assert torch.equal(kc, before), "nothing may be written when a length is out of range"
 
 
+def test_reference_attn_keeps_nan_and_zeroes_only_rows_without_keys(ar):
+    q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 6, 1, 8), torch.randn(1, 6, 1, 8)
+    q[0, 1] = float("nan")
+    o, lse = ar.softmax.reference_attn(q, k, v, causal=True)  # Tq < Tk: every query sees keys
+    assert torch.isnan(o[0, 1]).all() and torch.isfinite(o[0, [0, 2, 3]]).all()
+    o, lse = ar.softmax.reference_attn(torch.randn(1, 3, 1, 8), k[:, :0], v[:, :0], causal=False)
+    assert torch.equal(o, torch.zeros_like(o)) and (lse == float("-inf")).all()
+
+
+@pytest.mark.parametrize("cu", [[0, 5, 3, 8], [0, 9], [-1, 8]], ids=["decreasing", "past-T", "negative"])
+def test_reference_attn_refuses_bad_cu_seqlens(ar, cu):
+    x = torch.randn(1, 8, 1, 4)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        ar.softmax.reference_attn(x, x, x, cu_seqlens=torch.tensor(cu))
+
+
 @pytest.mark.parametrize("cache", ["k_cache", "v_cache"])
 def test_decode_refuses_to_append_to_a_cache_whose_rows_share_memory(ar, device, cache):
     d = _step_inputs(device)

@@ -120,6 +120,8 @@ def reference_attn(q, k, v, *, scale=None, causal=True, cu_seqlens=None):
     if cu_seqlens is not None:
         outs, lses = [], []
         cu = cu_seqlens.tolist()
+        if q.shape[0] != 1 or not cu or cu[0] < 0 or cu[-1] > q.shape[1] or any(a > b for a, b in zip(cu, cu[1:])):
+            raise ValueError(f"cu_seqlens must be non-decreasing offsets in [0, T={q.shape[1]}] (batch 1), got {cu}")
         for a, b in zip(cu[:-1], cu[1:]):
             o, lse = reference_attn(q[:, a:b], k[:, a:b], v[:, a:b], scale=scale, causal=causal)
             outs.append(o)
@@ -136,6 +138,7 @@ def reference_attn(q, k, v, *, scale=None, causal=True, cu_seqlens=None):
         j = torch.arange(Tk, device=q.device)[None, :]
         s = s.masked_fill(j > i + Tk - Tq, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no key: 0
+    # rows with no key: 0 (their softmax is 0 / 0); NaN inputs stay NaN
+    p = torch.softmax(s, dim=-1).masked_fill(lse[..., None] == float("-inf"), 0.0)
     o = torch.matmul(p, vv).transpose(1, 2)
     return o, lse
