@@ -41,7 +41,10 @@ def _feature_map(q, k, feature_map):
             raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, a callable or None, got '{feature_map}'")
         return q, k, feature_map
     if callable(feature_map):
-        return feature_map(q), feature_map(k), "identity"
+        fq, fk = feature_map(q), feature_map(k)
+        _check_tensor(fq, "feature_map(q)")
+        _check_tensor(fk, "feature_map(k)")
+        return fq, fk, "identity"
     raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, a callable or None, got {feature_map!r}")
 
 

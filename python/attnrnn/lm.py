@@ -173,9 +173,12 @@ class CausalLM(nn.Module):
         if not isinstance(cache, AttentionCache):
             raise TypeError(f"cache must be an attnrnn.nn.AttentionCache, got {type(cache).__name__}")
         if cache.signature != self.cache_signature():
-            theirs = cache.signature[0] if isinstance(cache.signature, tuple) and cache.signature else cache.signature
-            raise ValueError(f"cache was built for another model: its layers are {theirs}, this model's are "
-                             f"{self.cache_signature()[0]} ({len(self.blocks)} layers); use model.make_cache()")
+            ours = self.cache_signature()
+            theirs = cache.signature if isinstance(cache.signature, tuple) and len(cache.signature) == 2 else (
+                cache.signature, None)
+            raise ValueError(f"cache was built for another model: its layers are {theirs[0]} with token_shift="
+                             f"{theirs[1]}, this model's are {ours[0]} ({len(self.blocks)} layers) with token_shift="
+                             f"{ours[1]}; use model.make_cache()")
         B, T = input_ids.shape
         idx = cache.check_indices(state_indices, B)
         if not compiling and B:

@@ -105,6 +105,7 @@ SEQUENCE_CASES = [
      _set(initial_state=lambda dev, d: (_state(dev)[0], None)), r"initial_state", None),
     ("feature_map-unknown", _set(feature_map="gelu"), r"feature_map", None),
     ("feature_map-not-str-or-callable", _set(feature_map=3), r"feature_map", None),
+    ("feature_map-returns-no-tensor", _set(feature_map=lambda dev, d: lambda x: x.tolist()), r"feature_map\(q\)", None),
     ("scale-nan", _set(scale=float("nan")), r"scale", None),
     ("scale-str", _set(scale="0.5"), r"scale", None),
     ("scale-complex", _set(scale=1 + 2j), r"scale", None),

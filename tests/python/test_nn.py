@@ -365,6 +365,15 @@ def test_cache_from_another_model_rejected(lm, other):
     _assert_untouched(cache, snap)
 
 
+def test_cache_of_a_model_without_token_shift_is_rejected_naming_it(lm):
+    model = _model(lm, "linear")
+    cfg = lm.LMConfig(vocab_size=23, hidden_size=H, num_layers=2, num_heads=D, num_kv_heads=2, layer_types="linear",
+                      token_shift=False)
+    cache = lm.CausalLM(cfg).make_cache(2)
+    with pytest.raises(ValueError, match="token_shift=False, this model's .* token_shift=True"):
+        model(torch.zeros(2, 3, dtype=torch.long), cache, cache.allocate(2))
+
+
 def test_layer_rejects_cache_of_other_layer(nn):
     lin, smx = nn.LinearAttention(H, D), nn.SoftmaxAttention(H, D)
     kv = smx.make_cache(2, max_len=8)
