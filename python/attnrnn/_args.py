@@ -16,6 +16,8 @@ def last_dim(x):
 
 def as_real(x, name):
     """A real-number option as float: Python and NumPy reals; anything else raises, naming it."""
+    if type(x) is float:  # the common call: no ABC check on the host's path
+        return x
     if isinstance(x, (torch.Tensor, str, bool, complex)) or not isinstance(x, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(x).__name__} {x!r}")
     return float(x)
@@ -23,6 +25,8 @@ def as_real(x, name):
 
 def as_flag(x, name):
     """A boolean option: a string ('False' would be true) raises instead, naming it."""
+    if x is True or x is False:
+        return x
     if isinstance(x, str):
         raise TypeError(f"{name} must be a bool, got str {x!r}")
     return bool(x)
