@@ -1,6 +1,9 @@
 // Public entry points: validate the params once, then hand them to the device's kernels.
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <initializer_list>
+#include <utility>
 
 #include "attnrnn/attnrnn.h"
 #include "kernels.h"
@@ -76,19 +79,46 @@ constexpr int64_t kMaxHeadDim = 256;
     if (!(cond)) return fail(Status::kInvalidArgument, __VA_ARGS__); \
   } while (0)
 
+// The names of the head dims in the params struct being checked.
+struct HeadDimNames {
+  const char* k;
+  const char* v;
+};
+constexpr HeadDimNames kLinearDims{"head_dim_k", "head_dim_v"}, kSoftmaxDims{"head_dim", "head_dim_v"};
+
 Status check_common(int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim_k,
-                    int64_t head_dim_v, double eps) {
+                    int64_t head_dim_v, double eps, HeadDimNames dims = kLinearDims) {
   ATTNRNN_REQUIRE(batch >= 0, "batch must be >= 0, got %lld", (long long)batch);
   ATTNRNN_REQUIRE(num_heads >= 1, "num_heads must be >= 1, got %lld", (long long)num_heads);
   ATTNRNN_REQUIRE(num_kv_heads >= 1 && num_heads % num_kv_heads == 0,
                   "num_kv_heads must divide num_heads (%lld), got %lld", (long long)num_heads,
                   (long long)num_kv_heads);
-  ATTNRNN_REQUIRE(head_dim_k >= 1 && head_dim_k <= kMaxHeadDim,
-                  "head_dim_k must be in [1, 256], got %lld", (long long)head_dim_k);
-  ATTNRNN_REQUIRE(head_dim_v >= 1 && head_dim_v <= kMaxHeadDim,
-                  "head_dim_v must be in [1, 256], got %lld", (long long)head_dim_v);
-  ATTNRNN_REQUIRE(eps >= 0, "eps must be >= 0, got %g", eps);
+  ATTNRNN_REQUIRE(head_dim_k >= 1 && head_dim_k <= kMaxHeadDim, "%s must be in [1, 256], got %lld", dims.k,
+                  (long long)head_dim_k);
+  ATTNRNN_REQUIRE(head_dim_v >= 1 && head_dim_v <= kMaxHeadDim, "%s must be in [1, 256], got %lld", dims.v,
+                  (long long)head_dim_v);
+  ATTNRNN_REQUIRE(std::isfinite(eps) && eps >= 0, "eps must be finite and >= 0, got %g", eps);
   return Status::kSuccess;
+}
+
+// The largest tensor an op may index: 2^60 elements (an exabyte at 1 byte each), so that no
+// element index, or index plus stride, overflows int64 in the kernels' arithmetic.
+constexpr int64_t kMaxElements = int64_t(1) << 60;
+
+// Whether a * b * c * d (each >= 0) stays within kMaxElements.
+bool elements_fit(int64_t a, int64_t b, int64_t c, int64_t d) {
+  int64_t n = a;
+  for (int64_t f : {b, c, d})
+    if (__builtin_mul_overflow(n, f, &n) || n > kMaxElements) return false;
+  return n <= kMaxElements;
+}
+
+#define ATTNRNN_REQUIRE_FITS(a, b, c, d, what)                                                          \
+  ATTNRNN_REQUIRE(elements_fit(a, b, c, d), "%s has more than 2^60 elements (%lld x %lld x %lld x %lld)", \
+                  what, (long long)(a), (long long)(b), (long long)(c), (long long)(d))
+
+bool known_feature_map(FeatureMap fm) {
+  return fm == FeatureMap::kIdentity || fm == FeatureMap::kElu1 || fm == FeatureMap::kRelu;
 }
 
 // Offsets of packed sequences: read on the CPU only (device values would need a sync; the CUDA
@@ -115,6 +145,13 @@ Status check_sequence(const LinearAttnParams& p, bool backward) {
   ATTNRNN_REQUIRE(p.seqlen >= 0, "seqlen must be >= 0, got %lld", (long long)p.seqlen);
   ATTNRNN_REQUIRE(p.chunk_size >= 0 && p.chunk_size <= 1024,
                   "chunk_size must be in [0, 1024] (0 = default), got %lld", (long long)p.chunk_size);
+  ATTNRNN_REQUIRE(std::isfinite(p.scale), "scale must be finite, got %g", p.scale);
+  ATTNRNN_REQUIRE(known_feature_map(p.feature_map), "feature_map must be kIdentity, kElu1 or kRelu, got %d",
+                  static_cast<int>(p.feature_map));
+  ATTNRNN_REQUIRE_FITS(p.batch, p.seqlen, p.num_heads, p.head_dim_k, "q [batch, seqlen, num_heads, head_dim_k]");
+  ATTNRNN_REQUIRE_FITS(p.batch, p.seqlen, p.num_heads, p.head_dim_v, "o [batch, seqlen, num_heads, head_dim_v]");
+  ATTNRNN_REQUIRE_FITS(p.cu_seqlens != nullptr ? p.num_seqs : p.batch, p.num_kv_heads, p.head_dim_k, p.head_dim_v,
+                       "the state [num_states, num_kv_heads, head_dim_k, head_dim_v]");
   if (p.cu_seqlens != nullptr) {
     ATTNRNN_REQUIRE(p.batch == 1, "batch must be 1 with cu_seqlens, got %lld", (long long)p.batch);
     s = check_cu_seqlens(p.device, p.cu_seqlens, p.cu_seqlens_int64, p.num_seqs, p.seqlen);
@@ -130,9 +167,9 @@ Status check_sequence(const LinearAttnParams& p, bool backward) {
     ATTNRNN_REQUIRE(p.dq.data && p.dk.data && p.dv.data, "dq, dk and dv must not be null");
   }
   if (!p.normalize) {
-    ATTNRNN_REQUIRE(p.initial_z == nullptr && p.final_z == nullptr && p.d_final_z == nullptr &&
-                        p.d_initial_z == nullptr,
-                    "z pointers must be null when normalize is false");
+    for (auto [z, name] : {std::pair<const void*, const char*>{p.initial_z, "initial_z"}, {p.final_z, "final_z"},
+                           {p.d_final_z, "d_final_z"}, {p.d_initial_z, "d_initial_z"}})
+      ATTNRNN_REQUIRE(z == nullptr, "%s must be null when normalize is false", name);
   }
   return Status::kSuccess;
 }
@@ -141,6 +178,12 @@ Status check_step(const LinearAttnStepParams& p) {
   Status s = check_common(p.batch, p.num_heads, p.num_kv_heads, p.head_dim_k, p.head_dim_v, p.eps);
   if (s != Status::kSuccess) return s;
   ATTNRNN_REQUIRE(p.pool_size >= 0, "pool_size must be >= 0, got %lld", (long long)p.pool_size);
+  ATTNRNN_REQUIRE(std::isfinite(p.scale), "scale must be finite, got %g", p.scale);
+  ATTNRNN_REQUIRE(known_feature_map(p.feature_map), "feature_map must be kIdentity, kElu1 or kRelu, got %d",
+                  static_cast<int>(p.feature_map));
+  ATTNRNN_REQUIRE_FITS(p.batch, p.num_heads, p.head_dim_k, p.head_dim_v, "q, o [batch, num_heads, head_dim]");
+  ATTNRNN_REQUIRE_FITS(p.pool_size, p.num_kv_heads, p.head_dim_k, p.head_dim_v,
+                       "the state pool [pool_size, num_kv_heads, head_dim_k, head_dim_v]");
   if (p.state_indices == nullptr) {
     ATTNRNN_REQUIRE(p.pool_size >= p.batch,
                     "pool_size (%lld) must be >= batch (%lld) without state_indices",
@@ -212,9 +255,12 @@ namespace attnrnn {
 namespace {
 
 Status check_softmax(const SoftmaxAttnParams& p, bool backward) {
-  Status s = check_common(p.batch, p.num_heads, p.num_kv_heads, p.head_dim, p.head_dim_v, 0.0);
+  Status s = check_common(p.batch, p.num_heads, p.num_kv_heads, p.head_dim, p.head_dim_v, 0.0, kSoftmaxDims);
   if (s != Status::kSuccess) return s;
   ATTNRNN_REQUIRE(p.seqlen_q >= 0 && p.seqlen_k >= 0, "seqlen_q and seqlen_k must be >= 0");
+  const int64_t dim = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
+  ATTNRNN_REQUIRE_FITS(p.batch, p.seqlen_q, p.num_heads, dim, "q, o [batch, seqlen_q, num_heads, head_dim]");
+  ATTNRNN_REQUIRE_FITS(p.batch, p.seqlen_k, p.num_kv_heads, dim, "k, v [batch, seqlen_k, num_kv_heads, head_dim]");
   if (p.cu_seqlens != nullptr) {
     ATTNRNN_REQUIRE(p.batch == 1, "batch must be 1 with cu_seqlens, got %lld", (long long)p.batch);
     ATTNRNN_REQUIRE(p.seqlen_q == p.seqlen_k, "seqlen_q (%lld) must equal seqlen_k (%lld) with cu_seqlens",
@@ -234,15 +280,18 @@ Status check_softmax(const SoftmaxAttnParams& p, bool backward) {
     ATTNRNN_REQUIRE(p.k.data && p.v.data, "k and v must not be null");
     ATTNRNN_REQUIRE(!backward || (p.dk.data && p.dv.data), "dk and dv must not be null");
   }
-  ATTNRNN_REQUIRE(p.scale == p.scale, "scale must not be NaN");
+  ATTNRNN_REQUIRE(std::isfinite(p.scale), "scale must be finite, got %g", p.scale);
   return Status::kSuccess;
 }
 
 Status check_softmax_step(const SoftmaxAttnStepParams& p) {
-  Status s = check_common(p.batch, p.num_heads, p.num_kv_heads, p.head_dim, p.head_dim_v, 0.0);
+  Status s = check_common(p.batch, p.num_heads, p.num_kv_heads, p.head_dim, p.head_dim_v, 0.0, kSoftmaxDims);
   if (s != Status::kSuccess) return s;
   ATTNRNN_REQUIRE(p.max_seqlen >= 0, "max_seqlen must be >= 0, got %lld", (long long)p.max_seqlen);
   ATTNRNN_REQUIRE(p.split_size >= 0, "split_size must be >= 0, got %lld", (long long)p.split_size);
+  const int64_t dim = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
+  ATTNRNN_REQUIRE_FITS(p.batch, p.max_seqlen, p.num_kv_heads, dim,
+                       "the caches [batch, max_seqlen, num_kv_heads, head_dim]");
   ATTNRNN_REQUIRE((p.k_new.data == nullptr) == (p.v_new.data == nullptr),
                           "k_new and v_new must be given together");
   if (p.batch > 0) {
@@ -250,7 +299,7 @@ Status check_softmax_step(const SoftmaxAttnStepParams& p) {
     ATTNRNN_REQUIRE(p.max_seqlen == 0 || (p.k_cache.data && p.v_cache.data),
                             "k_cache and v_cache must not be null");
   }
-  ATTNRNN_REQUIRE(p.scale == p.scale, "scale must not be NaN");
+  ATTNRNN_REQUIRE(std::isfinite(p.scale), "scale must be finite, got %g", p.scale);
   return Status::kSuccess;
 }
 

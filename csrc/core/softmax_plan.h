@@ -31,7 +31,7 @@ inline int64_t step_split_size(const SoftmaxAttnStepParams& p) {
 
 inline int64_t step_num_splits(const SoftmaxAttnStepParams& p) {
   const int64_t split = step_split_size(p);
-  return std::max<int64_t>(1, (p.max_seqlen + split - 1) / split);
+  return p.max_seqlen == 0 ? 1 : 1 + (p.max_seqlen - 1) / split;  // no overflow at split_size = INT64_MAX
 }
 
 // Partial results of one (batch entry, query head, split): m, l, then acc[Dv].

@@ -518,6 +518,8 @@ void check_invalid_params() {
       {"seqlen_q -1", [](P& p) { p.seqlen_q = -1; }, true, true},
       {"seqlen_k -1", [](P& p) { p.seqlen_k = -1; }, true, true},
       {"scale NaN", [](P& p) { p.scale = std::numeric_limits<double>::quiet_NaN(); }, true, true},
+      {"scale inf", [](P& p) { p.scale = std::numeric_limits<double>::infinity(); }, true, true},
+      {"seqlen 2^62", [](P& p) { p.seqlen_q = p.seqlen_k = int64_t(1) << 62; }, true, true},
       {"cu_seqlens not starting at 0", [](P& p) { p.cu_seqlens = bad_start, p.num_seqs = 2; }, true, true},
       {"cu_seqlens (int64) not starting at 0",
        [](P& p) { p.cu_seqlens = bad_start64, p.cu_seqlens_int64 = true, p.num_seqs = 2; }, true, true},
@@ -568,6 +570,8 @@ void check_invalid_params() {
       {"max_seqlen -1", [](SP& p) { p.max_seqlen = -1; }},
       {"split_size -1", [](SP& p) { p.split_size = -1; }},
       {"scale NaN", [](SP& p) { p.scale = std::numeric_limits<double>::quiet_NaN(); }},
+      {"scale inf", [](SP& p) { p.scale = std::numeric_limits<double>::infinity(); }},
+      {"max_seqlen 2^62", [](SP& p) { p.max_seqlen = int64_t(1) << 62; }},
   };
   StepCase sc;
   sc.dt = DType::kFloat32, sc.Lmax = 40, sc.lens = {0, 10, 39};
@@ -577,6 +581,22 @@ void check_invalid_params() {
     m.f(run.p);
     expect_invalid(attnrnn::softmax_attn_step(run.p), std::string("softmax_attn_step with ") + m.name);
     EXPECT(run.kc.bytes == k0 && run.vc.bytes == v0, "softmax_attn_step with %s modified the caches", m.name);
+  }
+  // The softmax structs call their first head dim head_dim: errors must too.
+  {
+    Run run(c, 3);
+    run.p.head_dim = 0;
+    run.fwd();
+    const std::string msg = attnrnn::last_error_message();
+    EXPECT(msg.rfind("head_dim must", 0) == 0, "head_dim 0 gave '%s', not naming head_dim", msg.c_str());
+  }
+  // split_size = INT64_MAX is valid (one split): the same output as the default plan's single split.
+  {
+    StepRun a(sc, 5), b(sc, 5);
+    b.p.split_size = std::numeric_limits<int64_t>::max();
+    EXPECT(attnrnn::softmax_attn_step(a.p) == Status::kSuccess && attnrnn::softmax_attn_step(b.p) == Status::kSuccess,
+           "step with split_size INT64_MAX: %s", attnrnn::last_error_message());
+    EXPECT(a.o.bytes == b.o.bytes, "split_size INT64_MAX changed the output");
   }
 }
 

@@ -146,6 +146,63 @@ void check_rejected(const std::vector<int64_t>& idx, bool idx64, const char* exp
          "rejected step modified the state or the output");
 }
 
+// Options the core refuses for the step and the sequence ops alike: an unknown feature map (the
+// kernels' switch had no such case and left their outputs zero), non-finite scale or eps, sizes
+// whose element counts overflow, and a z pointer without normalize (named).
+void check_rejected_options() {
+  const StepCase c{DType::kFloat32, 2, 2, 1, 8, 8, 4, FeatureMap::kIdentity, true, false, false, {}};
+  struct Mut {
+    const char* name;
+    void (*f)(attnrnn::LinearAttnStepParams&);
+    const char* in_message;
+  };
+  const Mut muts[] = {
+      {"feature_map 9", [](attnrnn::LinearAttnStepParams& p) { p.feature_map = static_cast<FeatureMap>(9); }, "feature_map"},
+      {"scale NaN", [](attnrnn::LinearAttnStepParams& p) { p.scale = std::nan(""); }, "scale"},
+      {"scale inf", [](attnrnn::LinearAttnStepParams& p) { p.scale = INFINITY; }, "scale"},
+      {"eps inf", [](attnrnn::LinearAttnStepParams& p) { p.eps = INFINITY; }, "eps"},
+      {"pool 2^62", [](attnrnn::LinearAttnStepParams& p) { p.pool_size = int64_t(1) << 62; }, "2^60"},
+      {"batch 2^62", [](attnrnn::LinearAttnStepParams& p) { p.batch = int64_t(1) << 62, p.pool_size = p.batch; }, "2^60"},
+  };
+  for (const Mut& m : muts) {
+    StepRun run(c, 7);
+    const auto S_before = run.S.bytes, o_before = run.o.bytes;
+    m.f(run.p);
+    const attnrnn::Status s = attnrnn::linear_attn_step(run.p);
+    const std::string msg = attnrnn::last_error_message();
+    EXPECT(s == attnrnn::Status::kInvalidArgument, "step with %s accepted (status %d)", m.name, (int)s);
+    EXPECT(msg.find(m.in_message) != std::string::npos, "step with %s: message '%s' does not say '%s'", m.name,
+           msg.c_str(), m.in_message);
+    EXPECT(run.S.bytes == S_before && run.o.bytes == o_before, "rejected step (%s) wrote something", m.name);
+  }
+  // The sequence ops, on an empty batch (no buffers needed: the options are checked first).
+  float dummy = 0.f;
+  struct SeqMut {
+    const char* name;
+    void (*f)(attnrnn::LinearAttnParams&, float*);
+    const char* in_message;
+  };
+  const SeqMut seq_muts[] = {
+      {"feature_map -1", [](attnrnn::LinearAttnParams& p, float*) { p.feature_map = static_cast<FeatureMap>(-1); }, "feature_map"},
+      {"scale inf", [](attnrnn::LinearAttnParams& p, float*) { p.scale = -INFINITY; }, "scale"},
+      {"seqlen 2^62", [](attnrnn::LinearAttnParams& p, float*) { p.batch = 4, p.seqlen = int64_t(1) << 62; }, "2^60"},
+      {"final_z without normalize", [](attnrnn::LinearAttnParams& p, float* z) { p.normalize = false, p.final_z = z; }, "final_z"},
+      {"d_initial_z without normalize", [](attnrnn::LinearAttnParams& p, float* z) { p.normalize = false, p.d_initial_z = z; }, "d_initial_z"},
+  };
+  for (const SeqMut& m : seq_muts) {
+    attnrnn::LinearAttnParams p;
+    p.dtype = DType::kFloat32, p.batch = 0, p.seqlen = 5, p.num_heads = 2, p.num_kv_heads = 1;
+    p.head_dim_k = p.head_dim_v = 8, p.scale = 0.5, p.normalize = true;
+    m.f(p, &dummy);
+    for (bool backward : {false, true}) {
+      const attnrnn::Status s = backward ? attnrnn::chunk_linear_attn_bwd(p) : attnrnn::chunk_linear_attn_fwd(p);
+      const std::string msg = attnrnn::last_error_message();
+      EXPECT(s == attnrnn::Status::kInvalidArgument && msg.find(m.in_message) != std::string::npos,
+             "chunk %s with %s: status %d, message '%s'", backward ? "bwd" : "fwd", m.name, (int)s, msg.c_str());
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -164,5 +221,6 @@ int main() {
   check_rejected({1, 2, 9}, true, "out of range");
   check_rejected({3, -1, 3}, false, "both");
   check_rejected({0, 1, 2, 0}, true, "both");
+  check_rejected_options();
   return finish("test_step");
 }

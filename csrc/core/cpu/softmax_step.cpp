@@ -85,7 +85,7 @@ Status softmax_step(const SoftmaxAttnStepParams& p) {
 
     // Phase 2: partial (m, z, y) per (b, head, split).
     const int64_t split = split_size_of(p, longest);
-    const int64_t S = std::max<int64_t>(1, (longest + split - 1) / split);
+    const int64_t S = longest == 0 ? 1 : 1 + (longest - 1) / split;  // no overflow at split_size = INT64_MAX
     const int64_t stride = 2 + Dv;  // m, z, y[Dv]
     std::vector<A> part(static_cast<size_t>(B * H * S * stride));
     parallel_for(p.executor, B * Hkv * S, 1, [&](int64_t begin, int64_t end) {
