@@ -10,6 +10,8 @@
 # (K128 or T2048) and not fp32"), TEST_FILES ("test_cuda.py test_numerics.py"), LIMIT (540).
 # With two trees (sixteenth session) the build took 71-93 s, ab_forward.sh ~2.5 minutes, the
 # sanitizers ~4.5 and test_cuda ~3.5: the tests follow ab_forward.sh rather than the sanitizers.
+# On a one-GPU machine the three run in turn on GPU 0: ab_forward.sh, the sanitizers, the tests.
+# TEST_FILES="" runs no test file.
 set -uo pipefail
 OLD=${OLD:?set OLD to the other trees, e.g. OLD=old}
 OUT=${OUT:-$PWD/out}
@@ -34,16 +36,24 @@ until_deadline() {
 OUT=$OUT bash scripts/build_trees.sh . $OLD || exit 1
 echo "built in $(( $(date +%s) - deadline + ${LIMIT:-540} )) s"
 
-gpu0="export CUDA_VISIBLE_DEVICES=0; OLD='$OLD' BITWISE=${BITWISE-1} OUT='$OUT' \
-  KT_ARGS='${KT_ARGS:---backward --shapes B4-T8192-H16-D128,B1-T65536-H16-D128}' bash scripts/ab_forward.sh >'$OUT/ab.log' 2>&1
-  SKIP_BUILD=1 OUT='$OUT/tests' TEST_FILES='${TEST_FILES:-test_cuda.py test_numerics.py}' bash scripts/gpu_suite.sh tests | grep '^test_'"
-gpu1="export CUDA_VISIBLE_DEVICES=1 SKIP_BUILD=1; for m in ${MASKS:-63 127}; do
+gpus=$(nvidia-smi -L | wc -l)
+test_files=${TEST_FILES-test_cuda.py test_numerics.py}
+ab="export CUDA_VISIBLE_DEVICES=0; OLD='$OLD' BITWISE=${BITWISE-1} OUT='$OUT' \
+  KT_ARGS='${KT_ARGS:---backward --shapes B4-T8192-H16-D128,B1-T65536-H16-D128}' bash scripts/ab_forward.sh >'$OUT/ab.log' 2>&1"
+tests="export CUDA_VISIBLE_DEVICES=0; [ -z '$test_files' ] ||
+  SKIP_BUILD=1 OUT='$OUT/tests' TEST_FILES='$test_files' bash scripts/gpu_suite.sh tests | grep '^test_'"
+sanitize="export CUDA_VISIBLE_DEVICES=$(( gpus > 1 ? 1 : 0 )) SKIP_BUILD=1; for m in ${MASKS:-63 127}; do
   ATTNRNN_TC_WGMMA=\$m OUT='$OUT/sanitize_mask'\$m SANITIZE_TOOLS='${SANITIZE_TOOLS:-racecheck synccheck memcheck}' \
     SANITIZE_K='${SANITIZE_K:-cuda and chunk and (K128 or T2048) and not fp32}' bash scripts/gpu_suite.sh sanitize |
     grep compute-sanitizer | sed \"s/^/mask \$m: /\"; done"
-until_deadline "$gpu0" >"$OUT/gpu0_summary.txt" 2>&1 &
-until_deadline "$gpu1" >"$OUT/gpu1_summary.txt" 2>&1 &
-wait
+if [ "$gpus" -gt 1 ]; then
+  until_deadline "$ab; $tests" >"$OUT/gpu0_summary.txt" 2>&1 &
+  until_deadline "$sanitize" >"$OUT/gpu1_summary.txt" 2>&1 &
+  wait
+else
+  until_deadline "$ab; $sanitize" >"$OUT/gpu1_summary.txt" 2>&1
+  until_deadline "$tests" >"$OUT/gpu0_summary.txt" 2>&1
+fi
 
 {
   cat "$OUT/ab_bitwise.txt" 2>/dev/null
