@@ -206,6 +206,58 @@ __device__ __forceinline__ void wg_dd_over_w(float* dd, const float (&w)[J], int
   }
 }
 
+// phi of eight 16-bit values (one 16-byte piece of a tile row), in place: phi in fp32 of each element,
+// rounded to nearest, as feature_map_kernel writes it (so either way gives the sweeps the same tiles).
+template <class T, FeatureMap kMap>
+__device__ __forceinline__ void wg_phi_piece(unsigned char* piece) {
+  uint4* x = reinterpret_cast<uint4*>(piece);
+  uint4 v = *x;
+  uint32_t* u = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 f = unpack2<T>(u[e]);
+    u[e] = pack2<T>(phi(kMap, f.x), phi(kMap, f.y));
+  }
+  *x = v;
+}
+
+// phi of the valid rows among this thread's own pieces of a tile (TcFeatures::in_sweep), which its
+// cp.async wait has made visible to it; rows past cl stay zero (phi(0) is 1 with elu1). Copied row j
+// is token token(j) of the chunk, and its piece of 64-column tile d0 / 64 lies at offset(j, d0): the
+// rows of wg_load_tiles or wg_load_pair_tiles. The map is switched on once per call, not per element.
+template <class T, int kRows, class Token, class Offset>
+__device__ __forceinline__ void wg_phi_own_rows(unsigned char* tile, int width, int cl, FeatureMap fm, Token token,
+                                                Offset offset) {
+  auto apply = [&](auto map) {
+    constexpr FeatureMap kMap = decltype(map)::value;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (token(j) >= cl) continue;
+      for (int d0 = 0; d0 < width; d0 += 64) wg_phi_piece<T, kMap>(tile + offset(j, d0));
+    }
+  };
+  if (fm == FeatureMap::kElu1)
+    apply(std::integral_constant<FeatureMap, FeatureMap::kElu1>{});
+  else if (fm == FeatureMap::kRelu)
+    apply(std::integral_constant<FeatureMap, FeatureMap::kRelu>{});
+}
+// wg_load_tiles' rows: tid / 8 + 16 j (128 threads)
+template <class T>
+__device__ __forceinline__ void wg_phi_rows(unsigned char* tile, int width, int cl, FeatureMap fm, int tid) {
+  const int r = tid / 8, col = (tid % 8) * 8;
+  wg_phi_own_rows<T, kTcChunk / 16>(
+      tile, width, cl, fm, [&](int j) { return r + 16 * j; },
+      [&](int j, int d0) { return wg_at(r + 16 * j, d0 + col); });
+}
+// wg_load_pair_tiles' rows: tid / 8 + 32 j (256 threads), j = 0, 1 in row block 0 and j = 2, 3 in row block 1
+template <class T>
+__device__ __forceinline__ void wg_phi_pair_rows(unsigned char* tile, int width, int cl, FeatureMap fm, int tid) {
+  const int r = tid / 8, col = (tid % 8) * 8;
+  wg_phi_own_rows<T, 4>(
+      tile, width, cl, fm, [&](int j) { return r + 32 * j; },
+      [&](int j, int d0) { return (j / 2) * (width / 64) * kWgTileBytes + wg_at(r + 32 * (j % 2), d0 + col); });
+}
+
 // wg_scale_rows for wg_load_pair_tiles' rows (w[j] for row tid / 8 + 32 j, 256 threads).
 template <class T>
 __device__ __forceinline__ void wg_scale_pair_rows(unsigned char* tile, int width, int cl, const float (&w)[4], int tid) {

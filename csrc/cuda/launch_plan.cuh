@@ -129,8 +129,20 @@ inline bool wgmma_planned(const LinearAttnParams& p, bool backward) {
 inline bool wgmma_fused_dkv(const LinearAttnParams& p) {
   return (wgmma_mask() & 4) != 0 && p.head_dim_k == 64 && p.head_dim_v == 64 && wgmma_planned(p, true);
 }
+// A feature map inside the wgmma sweeps (TcFeatures::in_sweep) rather than by a pass into the
+// workspace: wherever they run, but for the backward at K = V = 64 with normalize, whose fused dk + dv
+// sweep leaves it out (chunk_wg.cuh), and unless ATTNRNN_PHI_IN_SWEEP=0 (the pass, for measuring).
+inline bool phi_in_sweep_planned(const LinearAttnParams& p, bool backward) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ATTNRNN_PHI_IN_SWEEP");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  const bool fused_dkv64_normalized = backward && p.normalize && p.head_dim_k == 64 && p.head_dim_v == 64;
+  return enabled && p.feature_map != FeatureMap::kIdentity && !fused_dkv64_normalized && wgmma_planned(p, backward);
+}
 inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatures& feat) {
-  return wgmma_planned(p, backward) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr);
+  return wgmma_planned(p, backward) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr ||
+                                        feat.in_sweep != FeatureMap::kIdentity);
 }
 
 // Blocks, segments and pass-1 partials of a wgmma sweep: 64 output columns per block (the forward's
@@ -276,7 +288,8 @@ inline int64_t partial_bytes(const LinearAttnParams& p, bool backward) {
 }
 inline int64_t feature_elems(const LinearAttnParams& p, int64_t heads) { return p.batch * p.seqlen * heads * p.head_dim_k; }
 inline int64_t feature_bytes(const LinearAttnParams& p, bool backward) {
-  if (p.feature_map == FeatureMap::kIdentity || !tensor_core_sweep(p, backward)) return 0;
+  if (p.feature_map == FeatureMap::kIdentity || !tensor_core_sweep(p, backward) || phi_in_sweep_planned(p, backward))
+    return 0;
   const int64_t elem = 2;  // bf16/fp16: the tensor-core dtypes
   return round256(feature_elems(p, p.num_heads) * elem) + round256(feature_elems(p, p.num_kv_heads) * elem);
 }
