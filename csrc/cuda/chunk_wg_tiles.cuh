@@ -141,18 +141,24 @@ __device__ __forceinline__ void wg_load_pair_tiles(unsigned char* dst, const WgS
   }
 }
 
-// Eight 16-bit values (one 16-byte piece of a tile row) times w, in place.
-template <class T>
-__device__ __forceinline__ void wg_scale_piece(unsigned char* piece, float w) {
+// f of eight 16-bit values (one 16-byte piece of a tile row), in place: f in fp32 of each element,
+// rounded to nearest.
+template <class T, class F>
+__device__ __forceinline__ void wg_map_piece(unsigned char* piece, F f) {
   uint4* x = reinterpret_cast<uint4*>(piece);
   uint4 v = *x;
   uint32_t* u = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const float2 f = unpack2<T>(u[e]);
-    u[e] = pack2<T>(f.x * w, f.y * w);
+    const float2 y = unpack2<T>(u[e]);
+    u[e] = pack2<T>(f(y.x), f(y.y));
   }
   *x = v;
+}
+// A piece times w, in place.
+template <class T>
+__device__ __forceinline__ void wg_scale_piece(unsigned char* piece, float w) {
+  wg_map_piece<T>(piece, [w](float x) { return x * w; });
 }
 
 // dq's weights of its accumulator rows r0 and r0 + 8, from weight(ws, row, otherwise) (a step's
@@ -206,19 +212,11 @@ __device__ __forceinline__ void wg_dd_over_w(float* dd, const float (&w)[J], int
   }
 }
 
-// phi of eight 16-bit values (one 16-byte piece of a tile row), in place: phi in fp32 of each element,
-// rounded to nearest, as feature_map_kernel writes it (so either way gives the sweeps the same tiles).
+// phi of a piece, in place, rounded as feature_map_kernel writes it (so either way gives the sweeps
+// the same tiles).
 template <class T, FeatureMap kMap>
 __device__ __forceinline__ void wg_phi_piece(unsigned char* piece) {
-  uint4* x = reinterpret_cast<uint4*>(piece);
-  uint4 v = *x;
-  uint32_t* u = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float2 f = unpack2<T>(u[e]);
-    u[e] = pack2<T>(phi(kMap, f.x), phi(kMap, f.y));
-  }
-  *x = v;
+  wg_map_piece<T>(piece, [](float x) { return phi(kMap, x); });
 }
 
 // phi of the valid rows among this thread's own pieces of a tile (TcFeatures::in_sweep), which its
