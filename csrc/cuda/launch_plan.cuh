@@ -99,8 +99,9 @@ int64_t tc_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
 
 // The wgmma sweeps (chunk_wg.cuh) take the tensor-core forward's K = 64 and K = 128 shapes and the
 // backward's dq, dk and dv sweeps (K, V in {64, 128}; the den sweep stays on mma.sync) on sm_90a
-// builds and devices, with phi(q), phi(k) from the workspace when there is a feature map (without a
-// workspace, the mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA is a mask (bit 0 the forward,
+// builds and devices, applying a feature map to their own q and k tiles (phi_in_sweep_planned), or
+// with phi(q), phi(k) from the workspace where that pass runs instead (without a workspace, the
+// mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA is a mask (bit 0 the forward,
 // bit 1 the backward, bit 2 dk and dv in one sweep at K = V = 64; on 128-token chunks and two
 // warpgroups, bit 3 the forward at K = 128, bit 4 dq at V = 128, bit 5 dk at V = 128 and dv at
 // K = 128, each where wgmma_pair's shape rule picks it; bit 6 pairs them at every shape; default 63,

@@ -451,6 +451,7 @@ PHI_CASES = [
     Case(1, 3000, 4, 64, bf16, Hkv=2, normalize=False),  # the fused dk + dv sweep at 64
     Case(2, 2048, 32, 128, bf16, normalize=False),  # the fused sweep where dv alone would not split
     Case(1, 3000, 2, 64, bf16, V=128, feature_map="relu"),
+    Case(1, 4003, 2, 128, fp16, Hkv=1, seqlens=(0, 64, 1, 3870, 68)),  # elu1 (phi(0) = 1) at sequence ends
 ]
 
 
