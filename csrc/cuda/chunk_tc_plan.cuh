@@ -64,18 +64,19 @@ struct TcLayout {
 //   over shared memory between two barriers, in every column tile's block) made it 2.4-3.8x slower
 //   than the identity map (H200, bf16, B1 T65536 H16 D128 forward: identity 1.45 ms, relu 3.47, elu1
 //   5.44 on randn inputs), where the separate pass reads and writes q and k once.
-// - in_sweep: the wgmma sweeps read raw q and k and apply the map in place to the pieces of their
-//   tiles that each thread copied itself, after its cp.async wait and before the step's one barrier
-//   (wg_phi_rows): no pass over the tensors and no barrier of its own. chunk_tc still transforms its
-//   tiles itself (q.data null).
+// - relu_in_sweep: with relu, the wgmma sweeps read raw q and k and apply it in place to the pieces
+//   of their tiles that each thread copied itself, after its cp.async wait and before the step's one
+//   barrier (wg_relu_rows): no pass over the tensors and no barrier of its own. elu1 keeps the pass:
+//   its exp there, on the step's chain, made the sweeps slower than the pass (launch_plan.cuh).
+//   chunk_tc still transforms its tiles itself (q.data null).
 struct TcFeatures {
   ConstView q, k;
-  FeatureMap in_sweep = FeatureMap::kIdentity;
+  bool relu_in_sweep = false;
 };
 
-// Whether a wgmma sweep applies phi to its tiles of source s itself.
-__device__ __forceinline__ bool phi_in_sweep(const TcFeatures& f, TcSrc s) {
-  return (s == TcSrc::kQ || s == TcSrc::kK) && f.in_sweep != FeatureMap::kIdentity;
+// Whether a wgmma sweep applies relu to its tiles of source s itself.
+__device__ __forceinline__ bool relu_in_sweep(const TcFeatures& f, TcSrc s) {
+  return (s == TcSrc::kQ || s == TcSrc::kK) && f.relu_in_sweep;
 }
 
 // By value: a reference into the kernel parameters would make the compiler copy them to memory.

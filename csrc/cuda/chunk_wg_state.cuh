@@ -204,9 +204,9 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
     }
     cp_async_wait<NS - 2>();  // step i's tiles (the NS - 2 steps after it may still be in flight)
     [[maybe_unused]] float* dd = fl + L::dd + (i % NS) * C;
-    // phi on this thread's own pieces of the q and k tiles (TcFeatures::in_sweep), before w scales them
-    if (phi_in_sweep(feat, Info::b)) wg_phi_rows<T>(Bt, DI, cl, feat.in_sweep, tid);
-    if (phi_in_sweep(feat, Info::c)) wg_phi_rows<T>(Ct, D, cl, feat.in_sweep, tid);
+    // relu on this thread's own pieces of the q and k tiles (TcFeatures::relu_in_sweep), before w scales them
+    if (relu_in_sweep(feat, Info::b)) wg_relu_rows<T>(Bt, DI, cl, tid);
+    if (relu_in_sweep(feat, Info::c)) wg_relu_rows<T>(Ct, D, cl, tid);
     if constexpr (kWeighs) {  // this thread's own pieces (and weights), which the wait made visible to it
       const float* slot = fl + L::w + (i % NS) * L::w_floats + 4 * tid;
       const float w[C / 16] = {kRowWeights ? slot[0] : scale, kRowWeights ? slot[1] : scale,

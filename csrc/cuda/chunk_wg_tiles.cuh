@@ -141,24 +141,18 @@ __device__ __forceinline__ void wg_load_pair_tiles(unsigned char* dst, const WgS
   }
 }
 
-// f of eight 16-bit values (one 16-byte piece of a tile row), in place: f in fp32 of each element,
-// rounded to nearest.
-template <class T, class F>
-__device__ __forceinline__ void wg_map_piece(unsigned char* piece, F f) {
+// Eight 16-bit values (one 16-byte piece of a tile row) times w, in place.
+template <class T>
+__device__ __forceinline__ void wg_scale_piece(unsigned char* piece, float w) {
   uint4* x = reinterpret_cast<uint4*>(piece);
   uint4 v = *x;
   uint32_t* u = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const float2 y = unpack2<T>(u[e]);
-    u[e] = pack2<T>(f(y.x), f(y.y));
+    const float2 f = unpack2<T>(u[e]);
+    u[e] = pack2<T>(f.x * w, f.y * w);
   }
   *x = v;
-}
-// A piece times w, in place.
-template <class T>
-__device__ __forceinline__ void wg_scale_piece(unsigned char* piece, float w) {
-  wg_map_piece<T>(piece, [w](float x) { return x * w; });
 }
 
 // dq's weights of its accumulator rows r0 and r0 + 8, from weight(ws, row, otherwise) (a step's
@@ -212,47 +206,36 @@ __device__ __forceinline__ void wg_dd_over_w(float* dd, const float (&w)[J], int
   }
 }
 
-// phi of a piece, in place, rounded as feature_map_kernel writes it (so either way gives the sweeps
-// the same tiles).
-template <class T, FeatureMap kMap>
-__device__ __forceinline__ void wg_phi_piece(unsigned char* piece) {
-  wg_map_piece<T>(piece, [](float x) { return phi(kMap, x); });
-}
-
-// phi of the valid rows among this thread's own pieces of a tile (TcFeatures::in_sweep), which its
-// cp.async wait has made visible to it; rows past cl stay zero (phi(0) is 1 with elu1). Copied row j
+// relu of the valid rows among this thread's own pieces of a tile (TcFeatures::relu_in_sweep), which
+// its cp.async wait has made visible to it, in place: relu2 on the packed pairs, exactly as
+// feature_map_kernel rounds relu (one compare and one mask per pair on the step's chain). Copied row j
 // is token token(j) of the chunk, and its piece of 64-column tile d0 / 64 lies at offset(j, d0): the
-// rows of wg_load_tiles or wg_load_pair_tiles. The map is switched on once per call, not per element.
+// rows of wg_load_tiles or wg_load_pair_tiles.
 template <class T, int kRows, class Token, class Offset>
-__device__ __forceinline__ void wg_phi_own_rows(unsigned char* tile, int width, int cl, FeatureMap fm, Token token,
-                                                Offset offset) {
-  auto apply = [&](auto map) {
-    constexpr FeatureMap kMap = decltype(map)::value;
+__device__ __forceinline__ void wg_relu_own_rows(unsigned char* tile, int width, int cl, Token token, Offset offset) {
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      if (token(j) >= cl) continue;
-      for (int d0 = 0; d0 < width; d0 += 64) wg_phi_piece<T, kMap>(tile + offset(j, d0));
+  for (int j = 0; j < kRows; ++j) {
+    if (token(j) >= cl) continue;
+    for (int d0 = 0; d0 < width; d0 += 64) {
+      uint4* x = reinterpret_cast<uint4*>(tile + offset(j, d0));
+      const uint4 v = *x;
+      *x = make_uint4(relu2<T>(v.x), relu2<T>(v.y), relu2<T>(v.z), relu2<T>(v.w));
     }
-  };
-  if (fm == FeatureMap::kElu1)
-    apply(std::integral_constant<FeatureMap, FeatureMap::kElu1>{});
-  else if (fm == FeatureMap::kRelu)
-    apply(std::integral_constant<FeatureMap, FeatureMap::kRelu>{});
+  }
 }
 // wg_load_tiles' rows: tid / 8 + 16 j (128 threads)
 template <class T>
-__device__ __forceinline__ void wg_phi_rows(unsigned char* tile, int width, int cl, FeatureMap fm, int tid) {
+__device__ __forceinline__ void wg_relu_rows(unsigned char* tile, int width, int cl, int tid) {
   const int r = tid / 8, col = (tid % 8) * 8;
-  wg_phi_own_rows<T, kTcChunk / 16>(
-      tile, width, cl, fm, [&](int j) { return r + 16 * j; },
-      [&](int j, int d0) { return wg_at(r + 16 * j, d0 + col); });
+  wg_relu_own_rows<T, kTcChunk / 16>(
+      tile, width, cl, [&](int j) { return r + 16 * j; }, [&](int j, int d0) { return wg_at(r + 16 * j, d0 + col); });
 }
 // wg_load_pair_tiles' rows: tid / 8 + 32 j (256 threads), j = 0, 1 in row block 0 and j = 2, 3 in row block 1
 template <class T>
-__device__ __forceinline__ void wg_phi_pair_rows(unsigned char* tile, int width, int cl, FeatureMap fm, int tid) {
+__device__ __forceinline__ void wg_relu_pair_rows(unsigned char* tile, int width, int cl, int tid) {
   const int r = tid / 8, col = (tid % 8) * 8;
-  wg_phi_own_rows<T, 4>(
-      tile, width, cl, fm, [&](int j) { return r + 32 * j; },
+  wg_relu_own_rows<T, 4>(
+      tile, width, cl, [&](int j) { return r + 32 * j; },
       [&](int j, int d0) { return (j / 2) * (width / 64) * kWgTileBytes + wg_at(r + 32 * (j % 2), d0 + col); });
 }
 
