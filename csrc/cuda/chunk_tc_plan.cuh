@@ -58,14 +58,26 @@ struct TcLayout {
   static constexpr int64_t bytes(int t_size) { return int64_t(t_elems) * t_size + int64_t(f_elems) * 4; }
 };
 
-// phi(q) and phi(k), computed once per call into the workspace when a feature map is set (views
-// with null data otherwise). Applying phi to each staged tile inside the sweep, in every column
-// tile's block, made it 2.4-3.8x slower than the identity map (H200, bf16, B1 T65536 H16 D128
-// forward: identity 1.45 ms, relu 3.47, elu1 5.44 on randn inputs); the separate pass reads and
-// writes q and k once.
+// A feature map's phi(q) and phi(k), in one of two ways (neither with the identity map):
+// - q, k: computed once per call into the workspace (views with null data otherwise) and read by the
+//   sweeps as their q and k. chunk_tc's own transform of each staged tile (tc_transform_tile, a pass
+//   over shared memory between two barriers, in every column tile's block) made it 2.4-3.8x slower
+//   than the identity map (H200, bf16, B1 T65536 H16 D128 forward: identity 1.45 ms, relu 3.47, elu1
+//   5.44 on randn inputs), where the separate pass reads and writes q and k once.
+// - relu_in_sweep: with relu, the wgmma sweeps read raw q and k and apply it in place to the pieces
+//   of their tiles that each thread copied itself, after its cp.async wait and before the step's one
+//   barrier (wg_relu_rows): no pass over the tensors and no barrier of its own. elu1 keeps the pass:
+//   its exp there, on the step's chain, made the sweeps slower than the pass (launch_plan.cuh).
+//   chunk_tc still transforms its tiles itself (q.data null).
 struct TcFeatures {
   ConstView q, k;
+  bool relu_in_sweep = false;
 };
+
+// Whether a wgmma sweep applies relu to its tiles of source s itself.
+__device__ __forceinline__ bool relu_in_sweep(const TcFeatures& f, TcSrc s) {
+  return (s == TcSrc::kQ || s == TcSrc::kK) && f.relu_in_sweep;
+}
 
 // By value: a reference into the kernel parameters would make the compiler copy them to memory.
 __device__ __forceinline__ ConstView tc_view(const LinearAttnParams& p, const TcFeatures& f, TcSrc s) {

@@ -197,6 +197,14 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
     unsigned char* Ct = Bt + KT * kWgTileBytes;
     unsigned char* Vt = Ct + kWgTileBytes;  // the fused sweep's fourth tile
     float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd (/ w when it scales phi(q)) of the step's tokens
+    // relu on this thread's own pieces of the q and k tiles (TcFeatures::relu_in_sweep), before w scales them.
+    // Not in the fused dk + dv sweep with the normalizer (relu_in_sweep_planned): there it made ptxas
+    // load a spilled register in every step.
+    if constexpr (!(kDkv && WithNormalizer)) {
+      if (!split.state_only && relu_in_sweep(feat, Info::a)) wg_relu_rows<T>(At, DI, s.cl, tid);
+      if (relu_in_sweep(feat, Info::b)) wg_relu_rows<T>(Bt, DI, s.cl, tid);
+      if (relu_in_sweep(feat, Info::c)) wg_relu_rows<T>(Ct, D, s.cl, tid);
+    }
     if constexpr (kDkScalesCv) {
       scale_rows(Ct, D, s, wt);
       if (normalizes<WithNormalizer>(p)) wg_dd_over_w(dd_cols, wt.w, 16, tid);

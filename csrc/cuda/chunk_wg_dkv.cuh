@@ -228,6 +228,10 @@ __global__ void __launch_bounds__(WgDkvLayout::threads, 1)
     cp_async_wait<NS - 2>();  // this step's tiles
     unsigned char* st = stage(i);
     if (w == 1) wg_scale_rows<T>(st + L::dout, 2 * D, s.cl, dout_weights, t);  // its own pieces of dout
+    if (w == 0 && feat.relu_in_sweep) {  // relu on its own pieces of K and Q (relu_in_sweep)
+      wg_relu_rows<T>(st + L::k, 2 * D, s.cl, t);
+      wg_relu_rows<T>(st + L::q, 2 * D, s.cl, t);
+    }
     wg_fence_shared();  // cp.async and st.shared writes before the products read them
     __syncthreads();    // every tile, the last step's state tiles; the last step's stage is free
     if (i + NS - 1 < steps) issue(i + NS - 1);

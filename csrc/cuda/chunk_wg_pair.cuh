@@ -364,6 +364,10 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
     cp_async_wait<NS - 2>();  // this step's tiles
     unsigned char* st = stage(i);
     float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd (/ w when it scales phi(q)) of the step's tokens
+    // relu on this thread's own pieces of the q and k tiles (TcFeatures::relu_in_sweep), before w scales them
+    if (!split.state_only && relu_in_sweep(feat, Info::a)) wg_relu_pair_rows<T>(st + L::a, DI, s.cl, tid);
+    if (relu_in_sweep(feat, Info::b)) wg_relu_pair_rows<T>(st + L::b, DI, s.cl, tid);
+    if (relu_in_sweep(feat, Info::c)) wg_relu_pair_rows<T>(st + L::c, D, s.cl, tid);
     // rows times w, in place (dv's dout, dk's phi(q) with dd / w or its dout): this thread's own
     // pieces, which the wait made visible
     if constexpr (kDkScalesCv) {

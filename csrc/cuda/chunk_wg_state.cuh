@@ -194,13 +194,19 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   for (int i = 0; i < steps; ++i) {
     unsigned char* Bt = stage(i);
     unsigned char* Ct = Bt + KT * kWgTileBytes;
-    [[maybe_unused]] int cl = 0;  // the tile's valid rows (dk, dv)
+    int cl;  // the tile's valid rows (<= 0: none)
     if constexpr (kWeighs) {
       cl = tile_at(current).cl;
       advance(current);
+    } else {
+      const int64_t t = first + int64_t(i) * C;
+      cl = static_cast<int>(end - t < C ? end - t : C);
     }
     cp_async_wait<NS - 2>();  // step i's tiles (the NS - 2 steps after it may still be in flight)
     [[maybe_unused]] float* dd = fl + L::dd + (i % NS) * C;
+    // relu on this thread's own pieces of the q and k tiles (TcFeatures::relu_in_sweep), before w scales them
+    if (relu_in_sweep(feat, Info::b)) wg_relu_rows<T>(Bt, DI, cl, tid);
+    if (relu_in_sweep(feat, Info::c)) wg_relu_rows<T>(Ct, D, cl, tid);
     if constexpr (kWeighs) {  // this thread's own pieces (and weights), which the wait made visible to it
       const float* slot = fl + L::w + (i % NS) * L::w_floats + 4 * tid;
       const float w[C / 16] = {kRowWeights ? slot[0] : scale, kRowWeights ? slot[1] : scale,

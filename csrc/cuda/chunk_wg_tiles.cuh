@@ -206,6 +206,39 @@ __device__ __forceinline__ void wg_dd_over_w(float* dd, const float (&w)[J], int
   }
 }
 
+// relu of the valid rows among this thread's own pieces of a tile (TcFeatures::relu_in_sweep), which
+// its cp.async wait has made visible to it, in place: relu2 on the packed pairs, exactly as
+// feature_map_kernel rounds relu (one compare and one mask per pair on the step's chain). Copied row j
+// is token token(j) of the chunk, and its piece of 64-column tile d0 / 64 lies at offset(j, d0): the
+// rows of wg_load_tiles or wg_load_pair_tiles.
+template <class T, int kRows, class Token, class Offset>
+__device__ __forceinline__ void wg_relu_own_rows(unsigned char* tile, int width, int cl, Token token, Offset offset) {
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    if (token(j) >= cl) continue;
+    for (int d0 = 0; d0 < width; d0 += 64) {
+      uint4* x = reinterpret_cast<uint4*>(tile + offset(j, d0));
+      const uint4 v = *x;
+      *x = make_uint4(relu2<T>(v.x), relu2<T>(v.y), relu2<T>(v.z), relu2<T>(v.w));
+    }
+  }
+}
+// wg_load_tiles' rows: tid / 8 + 16 j (128 threads)
+template <class T>
+__device__ __forceinline__ void wg_relu_rows(unsigned char* tile, int width, int cl, int tid) {
+  const int r = tid / 8, col = (tid % 8) * 8;
+  wg_relu_own_rows<T, kTcChunk / 16>(
+      tile, width, cl, [&](int j) { return r + 16 * j; }, [&](int j, int d0) { return wg_at(r + 16 * j, d0 + col); });
+}
+// wg_load_pair_tiles' rows: tid / 8 + 32 j (256 threads), j = 0, 1 in row block 0 and j = 2, 3 in row block 1
+template <class T>
+__device__ __forceinline__ void wg_relu_pair_rows(unsigned char* tile, int width, int cl, int tid) {
+  const int r = tid / 8, col = (tid % 8) * 8;
+  wg_relu_own_rows<T, 4>(
+      tile, width, cl, [&](int j) { return r + 32 * j; },
+      [&](int j, int d0) { return (j / 2) * (width / 64) * kWgTileBytes + wg_at(r + 32 * (j % 2), d0 + col); });
+}
+
 // wg_scale_rows for wg_load_pair_tiles' rows (w[j] for row tid / 8 + 32 j, 256 threads).
 template <class T>
 __device__ __forceinline__ void wg_scale_pair_rows(unsigned char* tile, int width, int cl, const float (&w)[4], int tid) {

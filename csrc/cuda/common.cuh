@@ -46,7 +46,7 @@ template <class A>
 __device__ __forceinline__ A phi(FeatureMap fm, A x) {
   switch (fm) {
     case FeatureMap::kElu1: return x > A(0) ? x + A(1) : fast_exp(x);
-    case FeatureMap::kRelu: return x > A(0) ? x : A(0);
+    case FeatureMap::kRelu: return x < A(0) ? A(0) : x;  // as torch.relu: NaN stays NaN
     default: return x;
   }
 }

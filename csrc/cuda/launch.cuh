@@ -9,7 +9,8 @@
 //   backward  K, V in {64, 128}; den (normalize only), dq, dk, dv sweeps in that order
 //   tiles     TcLayout (chunk_tc_plan.cuh): 2 stages, 64 output columns and 3 blocks/SM at inner
 //             dim 64, 32 columns and 2 blocks/SM at 128; measured reasons in docs/design.md §5
-//   features  with a feature map, phi(q) and phi(k) first go to the workspace (compute_features)
+//   features  with a feature map, the wgmma sweeps apply relu to their own tiles (TcFeatures::relu_in_sweep);
+//             elsewhere phi(q) and phi(k) first go to the workspace (compute_features)
 //   wgmma     on sm_90a builds and devices the forward and the dq, dk, dv sweeps run chunk_wg.cuh
 //             instead (one warpgroup per (sequence, 64 output columns, kv head), the same steps and
 //             segment split; WgLayout); the sweeps with inner dim 128 (the forward's and dv's K,
@@ -191,10 +192,15 @@ struct SweepFork {
 Status fork_sweeps(void* main, SweepFork& fork);
 Status join_sweeps(void* main, const SweepFork& fork);
 
-// phi(q) and phi(k) into the workspace (TcFeatures); none without a feature map or a workspace.
+// phi(q) and phi(k) into the workspace (TcFeatures), or the map for the wgmma sweeps to apply
+// themselves (relu_in_sweep); neither without a feature map, and no pass without a workspace.
 template <class T>
 Status compute_features(const LinearAttnParams& p, bool backward, TcFeatures& feat) {
   feat = TcFeatures{};
+  if (relu_in_sweep_planned(p, backward)) {
+    feat.relu_in_sweep = true;
+    return Status::kSuccess;
+  }
   if (p.workspace == nullptr || feature_bytes(p, backward) == 0) return Status::kSuccess;
   char* base = static_cast<char*>(p.workspace) + token_scalar_bytes(p, backward) + round256(partial_bytes(p, backward));
   const int64_t K = p.head_dim_k, T_ = p.seqlen;

@@ -99,8 +99,9 @@ int64_t tc_partial_floats_of(const LinearAttnParams& p, int64_t inner) {
 
 // The wgmma sweeps (chunk_wg.cuh) take the tensor-core forward's K = 64 and K = 128 shapes and the
 // backward's dq, dk and dv sweeps (K, V in {64, 128}; the den sweep stays on mma.sync) on sm_90a
-// builds and devices, with phi(q), phi(k) from the workspace when there is a feature map (without a
-// workspace, the mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA is a mask (bit 0 the forward,
+// builds and devices, applying relu to their own q and k tiles (relu_in_sweep_planned), or with
+// phi(q), phi(k) from the workspace where that pass runs instead (without a workspace, the
+// mma.sync scan applies phi itself). ATTNRNN_TC_WGMMA is a mask (bit 0 the forward,
 // bit 1 the backward, bit 2 dk and dv in one sweep at K = V = 64; on 128-token chunks and two
 // warpgroups, bit 3 the forward at K = 128, bit 4 dq at V = 128, bit 5 dk at V = 128 and dv at
 // K = 128, each where wgmma_pair's shape rule picks it; bit 6 pairs them at every shape; default 63,
@@ -129,8 +130,22 @@ inline bool wgmma_planned(const LinearAttnParams& p, bool backward) {
 inline bool wgmma_fused_dkv(const LinearAttnParams& p) {
   return (wgmma_mask() & 4) != 0 && p.head_dim_k == 64 && p.head_dim_v == 64 && wgmma_planned(p, true);
 }
+// relu inside the wgmma sweeps (TcFeatures::relu_in_sweep) rather than by a pass into the workspace:
+// wherever they run, but for the backward at K = V = 64 with normalize, whose fused dk + dv sweep
+// leaves it out (chunk_wg.cuh), and unless ATTNRNN_PHI_IN_SWEEP=0 (the pass, for measuring). elu1
+// keeps the pass: applied in the sweeps as well, its exp on each step's chain made the kernels of a
+// forward+backward 2615 -> 3632 us (H200, bf16, B1-T65536-H16-D128; the two passes it saves take 552).
+inline bool relu_in_sweep_planned(const LinearAttnParams& p, bool backward) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ATTNRNN_PHI_IN_SWEEP");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  const bool fused_dkv64_normalized = backward && p.normalize && p.head_dim_k == 64 && p.head_dim_v == 64;
+  return enabled && p.feature_map == FeatureMap::kRelu && !fused_dkv64_normalized && wgmma_planned(p, backward);
+}
 inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatures& feat) {
-  return wgmma_planned(p, backward) && (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr);
+  return wgmma_planned(p, backward) &&
+         (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr || feat.relu_in_sweep);
 }
 
 // Blocks, segments and pass-1 partials of a wgmma sweep: 64 output columns per block (the forward's
@@ -276,7 +291,8 @@ inline int64_t partial_bytes(const LinearAttnParams& p, bool backward) {
 }
 inline int64_t feature_elems(const LinearAttnParams& p, int64_t heads) { return p.batch * p.seqlen * heads * p.head_dim_k; }
 inline int64_t feature_bytes(const LinearAttnParams& p, bool backward) {
-  if (p.feature_map == FeatureMap::kIdentity || !tensor_core_sweep(p, backward)) return 0;
+  if (p.feature_map == FeatureMap::kIdentity || !tensor_core_sweep(p, backward) || relu_in_sweep_planned(p, backward))
+    return 0;
   const int64_t elem = 2;  // bf16/fp16: the tensor-core dtypes
   return round256(feature_elems(p, p.num_heads) * elem) + round256(feature_elems(p, p.num_kv_heads) * elem);
 }

@@ -57,6 +57,17 @@ __device__ __forceinline__ float2 unpack2(uint32_t x) {
   }
 }
 
+// relu of a packed pair of T, exactly x < 0 ? 0 : x of each (NaN and -0 kept): a lane mask of the
+// negatives, cleared.
+template <class T>
+__device__ __forceinline__ uint32_t relu2(uint32_t x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return x & ~__hlt2_mask(*reinterpret_cast<const __nv_bfloat162*>(&x), __nv_bfloat162(0.0f, 0.0f));
+  } else {
+    return x & ~__hlt2_mask(*reinterpret_cast<const __half2*>(&x), __half2(0.0f, 0.0f));
+  }
+}
+
 // A operand of k-step j (columns [16j, 16j+16)) from C accumulators c[2j], c[2j+1] (n-tiles of 8):
 // the product of one mma feeds the next without going through shared memory.
 template <class T>

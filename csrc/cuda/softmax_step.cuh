@@ -81,7 +81,7 @@ __device__ __forceinline__ void step_finish(const SoftmaxAttnStepParams& p, cons
     a += f * wa[w * stride * n];
   }
   if (pl.splits == 1) {
-    static_cast<T*>(p.o.data)[b * p.o.stride_b + h * p.o.stride_h + d] = from_acc<T, A>(l > A(0) ? a / l : A(0));
+    static_cast<T*>(p.o.data)[b * p.o.stride_b + h * p.o.stride_h + d] = from_acc<T, A>(l <= A(0) ? A(0) : a / l);  // NaN l (NaN scores): NaN
   } else {
     A* ws = static_cast<A*>(p.workspace) + ((b * p.num_heads + h) * pl.splits + sp) * (p.head_dim_v + 2);
     if (d == 0) ws[0] = M, ws[1] = l;
@@ -299,7 +299,8 @@ __global__ void __launch_bounds__(kStepThreads) step_combine_kernel(const Softma
       l += f * ws[s * stride + 1];
       a += f * ws[s * stride + 2 + d];
     }
-    out[d] = from_acc<T, A>(len < 0 ? A(NAN) : (l > A(0) ? a / l : A(0)));
+    // no key: 0; NaN scores leave l NaN (fmax dropped them from M), and the output NaN
+    out[d] = from_acc<T, A>(len < 0 ? A(NAN) : (l <= A(0) ? A(0) : a / l));
   }
 }
 

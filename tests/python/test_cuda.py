@@ -436,6 +436,48 @@ def test_state_pass_runs_for_every_split_sweep(ar, normalize, Hkv):
     assert fused == (not normalize), "dk and dv from one sweep at K = V = 128 exactly without the normalizer"
 
 
+# relu applied by the wgmma sweeps to their own q and k tiles in shared memory (the default) against
+# relu(q), relu(k) first written to the workspace by a pass (ATTNRNN_PHI_IN_SWEEP=0): the sweeps see
+# the same tiles either way (x < 0 ? 0 : x of each element), so every output is bitwise equal. Both
+# dtypes, inner dims 64 and 128, both normalize modes, GQA, varlen, split sweeps with their state
+# passes (the fused dk + dv sweeps at K = V = 64 and 128), states; each wgmma mask's set of kernels.
+PHI_CASES = [
+    Case(2, 300, 4, 64, bf16, Hkv=2, feature_map="relu", initial_state=True, final_state=True),
+    Case(1, 333, 4, 128, fp16, Hkv=1, feature_map="relu", seqlens=(0, 64, 1, 200, 68)),
+    Case(1, 5000, 4, 128, bf16, Hkv=2, feature_map="relu", initial_state=True, final_state=True),  # split, normalize
+    Case(1, 5000, 2, 128, bf16, feature_map="relu", normalize=False, initial_state=True,
+         final_state=True),  # fused dk + dv at 128
+    Case(1, 4003, 2, 128, fp16, feature_map="relu", normalize=False, seqlens=(0, 64, 1, 3870, 68)),
+    Case(1, 3000, 4, 64, bf16, Hkv=2, feature_map="relu", normalize=False),  # the fused dk + dv sweep at 64
+    Case(2, 2048, 32, 128, bf16, feature_map="relu", normalize=False),  # the fused sweep where dv alone would not split
+    Case(1, 3000, 2, 64, bf16, V=128, feature_map="relu"),
+]
+
+
+@pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0), reason="the wgmma sweeps need sm_90a")
+@pytest.mark.parametrize("wgmma", ["63", "127", "3"], ids=["shape-rule", "pair-everywhere", "64-token-sweeps"])
+def test_relu_in_the_sweeps_equals_the_feature_pass(ar, tmp_path, wgmma):
+    in_sweep = _sweeps_in_subprocess(tmp_path / "in.pt", "PHI_CASES", ATTNRNN_TC_WGMMA=wgmma)
+    pass_ = _sweeps_in_subprocess(tmp_path / "pass.pt", "PHI_CASES", ATTNRNN_TC_WGMMA=wgmma, ATTNRNN_PHI_IN_SWEEP="0")
+    _assert_bitwise_but(None, PHI_CASES, in_sweep, pass_)
+
+
+# The comparison above would pass if neither run applied relu in the sweeps: by default a
+# forward+backward with relu at a wgmma shape runs no feature_map_kernel, and one with elu1 runs the
+# pass (its exp in the sweeps measured slower than the pass: launch_plan.cuh).
+@pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0), reason="the wgmma sweeps need sm_90a")
+@pytest.mark.parametrize("feature_map,feature_pass", [("relu", False), ("elu1", True)], ids=["relu", "elu1"])
+def test_only_elu1_runs_a_feature_pass_on_the_wgmma_sweeps(ar, feature_map, feature_pass):
+    case = Case(1, 8192, 2, 128, bf16, feature_map=feature_map, normalize=False)
+    inp = make_inputs(case, "cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run(ar.chunk_linear_attn, case, inp)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert any("chunk_wg" in n for n in names), "the wgmma sweeps did not run"
+    assert any("feature_map_kernel" in n for n in names) == feature_pass
+
+
 # The forward at K = 128 on 128-token chunks and two warpgroups (bit 3 of ATTNRNN_TC_WGMMA, with bit 6
 # at every shape) against the 64-token forward: GQA, states, varlen (a 64-token sequence leaves the second
 # warpgroup no rows; 200 tokens end in a 72-token chunk), two-pass with z partials, fp16 with a

@@ -91,13 +91,14 @@ def test_step_batch_zero(ar, device):
 
 
 @pytest.mark.parametrize("op", OPS + ["step"])
-def test_relu_feature_map_keeps_nan_on_the_cpu(ar, op):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_relu_feature_map_keeps_nan(ar, op, device, dtype):
     """relu(NaN) is NaN, as torch.relu and the reference have it: a NaN in q reaches the output
-    instead of reading as 0. (CPU; the CUDA kernels' relu still maps NaN to 0, a known gap.)"""
-    q, k, v = torch.randn(1, 6, 2, 8), torch.randn(1, 6, 2, 8), torch.randn(1, 6, 2, 8)
+    instead of reading as 0 (bf16 at K = 64 runs the CUDA tensor-core sweeps)."""
+    q, k, v = (torch.randn(1, 70, 2, 64, device=device, dtype=dtype) for _ in range(3))
     q[0, 3, 1, 2] = float("nan")
     if op == "step":
-        S, z = torch.zeros(1, 2, 8, 8), torch.ones(1, 2, 8)
+        S, z = torch.zeros(1, 2, 64, 64, device=device), torch.ones(1, 2, 64, device=device)
         o = ar.linear_attn_step(q[:, 3], k[:, 3], v[:, 3], (S, z), feature_map="relu")[:, None]
         t = 0
     else:

@@ -243,13 +243,15 @@ def test_decode_refuses_to_append_to_a_cache_whose_rows_share_memory(ar, device,
         ar.softmax.softmax_attn_step(d["q"], d["k_cache"], d["v_cache"], d["cache_seqlens"], k_new=kn, v_new=vn)
 
 
-def test_decode_step_of_a_nan_query_is_nan_on_the_cpu(ar):
-    """Every score NaN must not read as an empty cache (whose output is 0). The CUDA step still
-    gives 0 there (its max is fmax, which drops NaN): a known gap, not yet fixed or tested on the GPU."""
-    q = torch.randn(2, 2, 8)
+@pytest.mark.parametrize("L", [6, 3000], ids=["one-split", "splits"])
+def test_decode_step_of_a_nan_query_is_nan(ar, device, L):
+    """Every score NaN must not read as an empty cache (whose output is 0), in one split or merged
+    over several."""
+    q = torch.randn(2, 2, 8, device=device)
     q[0, 0, 0] = float("nan")
-    kc, vc = torch.randn(2, 6, 1, 8), torch.randn(2, 6, 1, 8)
-    o = ar.softmax.softmax_attn_step(q, kc, vc, torch.tensor([5, 6], dtype=torch.int32))
+    kc, vc = torch.randn(2, L, 1, 8, device=device), torch.randn(2, L, 1, 8, device=device)
+    lens = torch.tensor([L - 1, L], dtype=torch.int32, device=device)
+    o = ar.softmax.softmax_attn_step(q, kc, vc, lens)
     assert torch.isnan(o[0, 0]).all() and torch.isfinite(o[0, 1]).all() and torch.isfinite(o[1]).all()
 
 
