@@ -37,3 +37,10 @@ def resolve_scale(scale, head_dim):
     if scale is None:
         return head_dim ** -0.5 if head_dim > 0 else 1.0
     return as_real(scale, "scale")
+
+
+def scale_of(scale, x):
+    """resolve_scale for inputs x: their last dimension is read only when scale is None."""
+    if type(scale) is float:  # the common call
+        return scale
+    return resolve_scale(scale, last_dim(x))

@@ -15,8 +15,7 @@ import torch
 
 from . import _ops
 from ._ops import ops
-from ._args import as_flag as _flag, as_real as _real, check_tensor as _check_tensor, last_dim as _last_dim
-from ._args import resolve_scale as _scale
+from ._args import as_flag as _flag, as_real as _real, check_tensor as _check_tensor, scale_of as _scale_of
 
 FEATURE_MAPS = ("identity", "elu1", "relu")
 FeatureMapArg = Union[None, str, Callable[[torch.Tensor], torch.Tensor]]
@@ -51,18 +50,23 @@ def _feature_map(q, k, feature_map):
 def _split_state(state, normalize, name):
     if state is None:
         return None, None
-    if isinstance(state, torch.Tensor):
+    if type(state) is LinearAttnState or type(state) is tuple:  # the common call: no ABC check
+        if len(state) != 2:
+            raise ValueError(f"{name} must be a LinearAttnState (S, z), a tuple (S, z) or a tensor S")
+        S, z = state
+    elif isinstance(state, torch.Tensor):
         S, z = state, None
     elif isinstance(state, Sequence) and len(state) == 2:
         S, z = state
     else:
         raise ValueError(f"{name} must be a LinearAttnState (S, z), a tuple (S, z) or a tensor S")
-    _check_tensor(S, f"{name}.S")
+    if not isinstance(S, torch.Tensor):
+        _check_tensor(S, f"{name}.S")
     if normalize and z is None:
         raise ValueError(f"{name}.z [N, Hkv, K] is required with normalize=True")
     if not normalize and z is not None:
         raise ValueError(f"{name}.z must be None with normalize=False")
-    if z is not None:
+    if z is not None and not isinstance(z, torch.Tensor):
         _check_tensor(z, f"{name}.z")
     return S, z
 
@@ -83,7 +87,7 @@ def _sequence_op(fwd, q, k, v, scale, normalize, feature_map, eps, initial_state
     if initial_state is not None:
         S0, z0 = _split_state(initial_state, normalize, "initial_state")
     # chunk_fwd also returns the denominators it saved for the backward (autograd keeps them)
-    out = fwd(q, k, v, S0, z0, cu_seqlens, _scale(scale, _last_dim(q)), _real(eps, "eps"), fm,
+    out = fwd(q, k, v, S0, z0, cu_seqlens, _scale_of(scale, q), _real(eps, "eps"), fm,
               _flag(normalize, "normalize"), _flag(output_final_state, "output_final_state"), *extra)
     if not output_final_state:
         return out[0], None
@@ -180,32 +184,39 @@ def linear_attn_step(
     The step is an inference op: it is not differentiable (use recurrent_linear_attn with
     initial_state for gradients through decoding).
     """
-    for x, name in ((q, "q"), (k, "k"), (v, "v")):
-        _check_tensor(x, name)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+    # The common call (plain tensors, a state tuple, no feature map) takes the fewest Python steps:
+    # on an idle GPU the host's time before the launch is part of each decoding step's time.
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        for x, name in ((q, "q"), (k, "k"), (v, "v")):
+            _check_tensor(x, name)
+    grad = torch.is_grad_enabled()
+    if grad and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise RuntimeError(
             "linear_attn_step updates the state in place and is not differentiable; use "
             "recurrent_linear_attn or chunk_linear_attn with initial_state for gradients")
-    four_d = q.dim() == 4
+    rank = q.dim()
+    four_d = rank == 4
     if four_d:
         for x, name in ((q, "q"), (k, "k"), (v, "v")):
             if x.dim() != 4 or x.shape[1] != 1:
                 raise ValueError(f"{name} must be [B, 1, heads, dim] (one token) when q is 4-D, got shape "
                                  f"{list(x.shape)}")
         q, k, v = q[:, 0], k[:, 0], v[:, 0]
-    elif q.dim() != 3:
+    elif rank != 3:
         raise ValueError(f"q must be [B, H, K] or [B, 1, H, K], got shape {list(q.shape)}")
     if state_indices is not None:
         _check_tensor(state_indices, "state_indices")
     S, z = _split_state(state, normalize, "state")
-    if torch.is_grad_enabled():
+    if grad:
         for x, name in ((S, "state.S"), (z, "state.z")):
             if x is not None and x.requires_grad:
                 raise RuntimeError(
                     f"linear_attn_step updates the state in place and is not differentiable, but {name} "
                     "requires grad; pass a detached state (or run under torch.no_grad()), or use "
                     "recurrent_linear_attn or chunk_linear_attn with initial_state for gradients")
-    q, k, fm = _feature_map(q, k, feature_map)
-    o = _ops.step(q, k, v, S, z, state_indices, _scale(scale, _last_dim(q)), _real(eps, "eps"), fm,
+    fm = "identity"
+    if feature_map is not None:
+        q, k, fm = _feature_map(q, k, feature_map)
+    o = _ops.step(q, k, v, S, z, state_indices, _scale_of(scale, q), _real(eps, "eps"), fm,
                   _flag(normalize, "normalize"))
     return o.unsqueeze(1) if four_d else o

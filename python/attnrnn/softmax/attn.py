@@ -12,8 +12,8 @@ from typing import Optional, Tuple, Union
 import torch
 
 from ._ops import ops
-from .._args import as_flag as _flag, check_tensor as _check_tensor, last_dim as _last_dim
-from .._args import resolve_scale as _scale
+from .._args import as_flag as _flag, check_tensor as _check_tensor
+from .._args import resolve_scale as _scale, scale_of as _scale_of
 
 
 def streaming_attn(
@@ -47,7 +47,7 @@ def streaming_attn(
         _check_tensor(x, name)
     if cu_seqlens is not None:
         _check_tensor(cu_seqlens, "cu_seqlens")
-    o, lse = ops.softmax_attn_fwd(q, k, v, cu_seqlens, _scale(scale, _last_dim(q)), _flag(causal, "causal"))
+    o, lse = ops.softmax_attn_fwd(q, k, v, cu_seqlens, _scale_of(scale, q), _flag(causal, "causal"))
     return (o, lse) if return_lse else o
 
 
@@ -110,7 +110,7 @@ def softmax_attn_step(
         raise ValueError(f"split_size must be a positive int or None, got {split_size!r}")
     else:
         split = split_size
-    o = ops.softmax_attn_step(q, k_cache, v_cache, cache_seqlens, k_new, v_new, _scale(scale, _last_dim(q)), split)
+    o = ops.softmax_attn_step(q, k_cache, v_cache, cache_seqlens, k_new, v_new, _scale_of(scale, q), split)
     return o.unsqueeze(1) if four_d else o
 
 
