@@ -50,13 +50,10 @@ def _feature_map(q, k, feature_map):
 def _split_state(state, normalize, name):
     if state is None:
         return None, None
-    if type(state) is LinearAttnState or type(state) is tuple:  # the common call: no ABC check
-        if len(state) != 2:
-            raise ValueError(f"{name} must be a LinearAttnState (S, z), a tuple (S, z) or a tensor S")
-        S, z = state
-    elif isinstance(state, torch.Tensor):
+    if isinstance(state, torch.Tensor):
         S, z = state, None
-    elif isinstance(state, Sequence) and len(state) == 2:
+    elif (type(state) is LinearAttnState or type(state) is tuple  # the common call: no ABC check
+          or isinstance(state, Sequence)) and len(state) == 2:
         S, z = state
     else:
         raise ValueError(f"{name} must be a LinearAttnState (S, z), a tuple (S, z) or a tensor S")
