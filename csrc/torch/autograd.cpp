@@ -1,4 +1,5 @@
-// Autograd of the linear-attention sequence ops, registered at the Autograd key.
+// Autograd of the linear-attention sequence ops, registered at the Autograd key (and the decode
+// step's, which refuses to record a gradient).
 //
 // It lives in C++ rather than in torch.library's Python autograd because a training step then
 // runs no Python between the forward and the backward kernels: the Python wrapper cost ~70 us of
@@ -277,9 +278,25 @@ BackwardResult recurrent_bwd(const at::Tensor& dout, const OptTensor& o, const O
                                     0, std::nullopt, std::nullopt);
 }
 
+// The decode step's Autograd kernel. The step writes the state in place and has no derivative, so a
+// call that would record one (or carries a forward-mode gradient) is refused, as the Python function
+// does before it. Typed rather than autograd's boxed fallback, which turned the ten arguments into
+// IValues on every decoding step.
+at::Tensor step(c10::DispatchKeySet keys, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& S,
+                const OptTensor& z, const OptTensor& state_indices, double scale, double eps,
+                std::string_view feature_map, bool normalize) {
+  TORCH_CHECK(!records_gradient(q, k, v, S, z) && !has_forward_grad(q, k, v, S, z),
+              "linear_attn_step updates the state in place and is not differentiable; use recurrent_linear_attn "
+              "or chunk_linear_attn with initial_state for gradients");
+  at::AutoDispatchBelowAutograd below_autograd;
+  return operators::step().redispatch(keys & c10::after_autograd_keyset, q, k, v, S, z, state_indices, scale, eps,
+                                      feature_map, normalize);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attnrnn, Autograd, m) {
+  m.impl("step", &step);
   m.impl("chunk_fwd", &chunk_fwd);
   m.impl("recurrent_fwd", &recurrent_fwd);
   m.impl("chunk_bwd", &backward_op<ChunkForm>);

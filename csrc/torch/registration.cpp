@@ -1,5 +1,6 @@
 // The torch.ops.attnrnn operators: schemas, and the same ATen glue for CPU and CUDA tensors.
-// Autograd and fake (meta) kernels are registered from Python (attnrnn/_ops.py).
+// Fake (meta) kernels and the softmax ops' autograd are registered from Python (attnrnn/_ops.py,
+// attnrnn/softmax/_ops.py); the linear ops' Autograd kernels are in autograd.cpp.
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
 
@@ -7,6 +8,7 @@
 
 #include "attnrnn/torch.h"
 #include "attnrnn/torch_softmax.h"
+#include "operators.h"
 
 TORCH_LIBRARY(attnrnn, m) {
   m.def(
@@ -80,12 +82,29 @@ void bump_written_tensors(const c10::OperatorHandle& op, c10::DispatchKeySet key
   for (const at::Tensor& t : written) t.unsafeGetTensorImpl()->bump_version();
 }
 
+// bump_written_tensors for the decode step, typed: boxing its ten arguments cost host time on every
+// decoding step.
+at::Tensor step_bumping_versions(c10::DispatchKeySet keys, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, at::Tensor& S, const attnrnn::operators::OptTensor& z,
+                                 const attnrnn::operators::OptTensor& state_indices, double scale, double eps,
+                                 std::string_view feature_map, bool normalize) {
+  at::Tensor o;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    o = attnrnn::operators::step().redispatch(keys & c10::after_ADInplaceOrView_keyset, q, k, v, S, z,
+                                              state_indices, scale, eps, feature_map, normalize);
+  }
+  S.unsafeGetTensorImpl()->bump_version();
+  if (z.has_value()) z->unsafeGetTensorImpl()->bump_version();
+  return o;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attnrnn, CPU, m) { register_impls(m); }
 TORCH_LIBRARY_IMPL(attnrnn, CUDA, m) { register_impls(m); }
 TORCH_LIBRARY_IMPL(attnrnn, ADInplaceOrView, m) {
-  m.impl("step", torch::CppFunction::makeFromBoxedFunction<&bump_written_tensors>());
+  m.impl("step", &step_bumping_versions);
   m.impl("chunk_fwd_with_segment_states", torch::CppFunction::makeFromBoxedFunction<&bump_written_tensors>());
   m.impl("softmax_attn_step", torch::CppFunction::makeFromBoxedFunction<&bump_written_tensors>());
 }

@@ -41,6 +41,26 @@ def test_step_eager_call_updates_the_state_and_bumps_its_version(ar, device):
     assert S._version > versions[0] and z._version > versions[1]
 
 
+@pytest.mark.parametrize("needs_grad", ["q", "S"])
+def test_step_operator_refuses_to_record_a_gradient(ar, device, needs_grad):
+    """The step's Autograd kernel: with grad mode on, a q or a state that requires grad is refused by
+    the operator itself (through torch.ops and the typed call), and the state is left unwritten."""
+    from attnrnn import _C
+    q, k, v = (torch.randn(2, 2, 4, device=device) for _ in range(3))
+    S = torch.zeros(2, 2, 4, 4, device=device)
+    if needs_grad == "q":
+        q.requires_grad_()
+    else:
+        S = S.clone().requires_grad_().clone()  # a non-leaf that requires grad (a leaf may not be written)
+    for call in (torch.ops.attnrnn.step.default, _C.step):
+        with pytest.raises(RuntimeError, match="not differentiable"):
+            call(q, k, v, S, None, None, 0.5, 1e-6, "identity", False)
+        assert not S.detach().any()
+    with torch.no_grad():
+        _C.step(q, k, v, S, None, None, 0.5, 1e-6, "identity", False)
+    assert S.detach().any()
+
+
 def test_eager_call_raises_the_operators_error(ar, device):
     """A 3-D q: the same ValueError, naming the argument, as through torch.ops."""
     from attnrnn import _C
