@@ -43,8 +43,11 @@ def main():
     qd, kd, vd = (torch.randn(64, 32, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     S = torch.zeros(64, 32, 128, 128, device="cuda")
     st = attnrnn.LinearAttnState(S)
-    for name, fn in {"public linear_attn_step B64": lambda: attnrnn.linear_attn_step(qd, kd, vd, st, normalize=False, scale=1.0),
-                     "ops.step.default B64": lambda: ops.step.default(qd, kd, vd, S, None, None, 1.0, 1e-6, "identity", False)}.items():
+    step_rows = {"public linear_attn_step B64": lambda: attnrnn.linear_attn_step(qd, kd, vd, st, normalize=False, scale=1.0),
+                 "ops.step.default B64": lambda: ops.step.default(qd, kd, vd, S, None, None, 1.0, 1e-6, "identity", False)}
+    if hasattr(attnrnn._C, "step"):
+        step_rows["_C.step (typed) B64"] = lambda: attnrnn._C.step(qd, kd, vd, S, None, None, 1.0, 1e-6, "identity", False)
+    for name, fn in step_rows.items():
         print(f"{name:40s} {host_us(fn, calls=300, batch=20, busy=True):6.1f} us", flush=True)
 
 
