@@ -1,5 +1,5 @@
-// Autograd of the linear-attention sequence ops, registered at the Autograd key (and the decode
-// step's, which refuses to record a gradient).
+// Autograd of the linear-attention sequence ops, registered at the Autograd key (and the two decode
+// steps', which refuse to record a gradient).
 //
 // It lives in C++ rather than in torch.library's Python autograd because a training step then
 // runs no Python between the forward and the backward kernels: the Python wrapper cost ~70 us of
@@ -293,10 +293,24 @@ at::Tensor step(c10::DispatchKeySet keys, const at::Tensor& q, const at::Tensor&
                                       feature_map, normalize);
 }
 
+// The softmax decode step's Autograd kernel, for the same reasons: it appends to the KV cache in place.
+at::Tensor softmax_attn_step(c10::DispatchKeySet keys, const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
+                             const at::Tensor& cache_seqlens, const OptTensor& k_new, const OptTensor& v_new,
+                             double scale, int64_t split_size) {
+  TORCH_CHECK(!records_gradient(q, k_cache, v_cache, k_new, v_new) &&
+                  !has_forward_grad(q, k_cache, v_cache, k_new, v_new),
+              "softmax_attn_step writes the KV cache in place and is not differentiable; use streaming_attn for "
+              "gradients");
+  at::AutoDispatchBelowAutograd below_autograd;
+  return operators::softmax_attn_step().redispatch(keys & c10::after_autograd_keyset, q, k_cache, v_cache,
+                                                   cache_seqlens, k_new, v_new, scale, split_size);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attnrnn, Autograd, m) {
   m.impl("step", &step);
+  m.impl("softmax_attn_step", &softmax_attn_step);
   m.impl("chunk_fwd", &chunk_fwd);
   m.impl("recurrent_fwd", &recurrent_fwd);
   m.impl("chunk_bwd", &backward_op<ChunkForm>);

@@ -1,8 +1,8 @@
 // attnrnn._C: importing it loads libattnrnn_torch, whose static initializers register the
-// torch.ops.attnrnn operators. It also holds the eager calls of the two operators the public
-// functions call per step of a model (chunk_fwd, step): the same dispatcher call as
+// torch.ops.attnrnn operators. It also holds the eager calls of the operators the public functions
+// call per step of a model (chunk_fwd, step, softmax_attn_step): the same dispatcher call as
 // torch.ops.attnrnn.<op>.default, typed instead of boxed. torch.ops spends several µs of host time
-// per call turning 10-13 Python arguments into IValues against the schema, time the GPU waits for
+// per call turning 8-13 Python arguments into IValues against the schema, time the GPU waits for
 // when it is idle at the call's start. Anything the typed call cannot stand in for (a tensor
 // subclass, a __torch_function__ mode) returns NotImplemented, and the caller goes through torch.ops.
 #include <Python.h>
@@ -166,6 +166,27 @@ PyObject* step(PyObject*, PyObject* const* items, Py_ssize_t count) {
   return THPVariable_Wrap(std::move(o));  // after the warning handler, as in chunk_fwd
 }
 
+// softmax_attn_step(q, k_cache, v_cache, cache_seqlens, k_new, v_new, scale, split_size) -> o, as the
+// schema (the caches written in place, their versions bumped as through torch.ops).
+PyObject* softmax_attn_step(PyObject*, PyObject* const* items, Py_ssize_t count) {
+  at::Tensor o;
+  HANDLE_TH_ERRORS
+  if (!check_count(count, 8, "softmax_attn_step")) return nullptr;
+  if (at::impl::torch_function_mode_enabled()) return not_implemented();
+  Args a{items};
+  const at::Tensor *q = a.tensor(0), *k_cache = a.tensor(1), *v_cache = a.tensor(2), *cache_seqlens = a.tensor(3);
+  const OptTensor k_new = a.optional_tensor(4), v_new = a.optional_tensor(5);
+  const double scale = a.real(6);
+  const int64_t split_size = a.integer(7);
+  if (!a.usable) return not_implemented();
+  const auto& op = attnrnn::operators::softmax_attn_step();
+  at::Tensor keys = *k_cache, values = *v_cache;
+  const GilReleased no_gil;
+  o = op.call(*q, keys, values, *cache_seqlens, k_new, v_new, scale, split_size);
+  END_HANDLE_TH_ERRORS
+  return THPVariable_Wrap(std::move(o));
+}
+
 // chunk_fwd_segment_state_floats(q, k, v, cu_seqlens, feature_map, normalize, chunk_size) -> int:
 // the size of chunk_fwd_with_segment_states' buffer for these inputs, 0 where the forward saves none
 // (attnrnn/torch.h). The autograd kernel sizes it in C++; Python asks for tests of the operator.
@@ -194,6 +215,8 @@ PyMethodDef methods[] = {
      "The eager call of torch.ops.attnrnn.chunk_fwd.default (NotImplemented: use torch.ops)."},
     {"step", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&step)), METH_FASTCALL,
      "The eager call of torch.ops.attnrnn.step.default (NotImplemented: use torch.ops)."},
+    {"softmax_attn_step", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&softmax_attn_step)),
+     METH_FASTCALL, "The eager call of torch.ops.attnrnn.softmax_attn_step.default (NotImplemented: use torch.ops)."},
     {"chunk_fwd_segment_state_floats",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_fwd_segment_state_floats)), METH_FASTCALL,
      "Elements of chunk_fwd_with_segment_states' buffer for these inputs (0: the forward saves none)."},

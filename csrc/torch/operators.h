@@ -36,6 +36,8 @@ using RecurrentBwd = BackwardResult(const at::Tensor&, const OptTensor&, const O
                                     const OptTensor&, const OptTensor&, double, double, std::string_view, bool);
 using Step = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, const OptTensor&,
                         const OptTensor&, double, double, std::string_view, bool);
+using SoftmaxAttnStep = at::Tensor(const at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&, const OptTensor&,
+                                   const OptTensor&, double, int64_t);
 
 // The handle of `name` with the C++ signature Signature (each function below keeps its own).
 template <class Signature>
@@ -65,6 +67,10 @@ inline const auto& recurrent_bwd() {
 }
 inline const auto& step() {
   static const auto op = find<Step>("attnrnn::step");
+  return op;
+}
+inline const auto& softmax_attn_step() {
+  static const auto op = find<SoftmaxAttnStep>("attnrnn::softmax_attn_step");
   return op;
 }
 

@@ -4,6 +4,9 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
 
+#include <initializer_list>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "attnrnn/torch.h"
@@ -52,6 +55,8 @@ TORCH_LIBRARY(attnrnn, m) {
 
 namespace {
 
+using attnrnn::operators::OptTensor;
+
 void register_impls(torch::Library& m) {
   m.impl("chunk_fwd", &attnrnn::aten::chunk_fwd);
   m.impl("chunk_fwd_with_segment_states", &attnrnn::aten::chunk_fwd_with_segment_states);
@@ -64,9 +69,9 @@ void register_impls(torch::Library& m) {
   m.impl("softmax_attn_step", &attnrnn::aten::softmax_attn_step);
 }
 
-// The in-place ops (step, softmax_attn_step) bump the version counter of every tensor their schema
-// marks as written, as PyTorch's own in-place ops do: autograd then refuses a backward that
-// would read a saved tensor these ops have since overwritten.
+// The in-place ops bump the version counter of every tensor their schema marks as written, as
+// PyTorch's own in-place ops do: autograd then refuses a backward that would read a saved tensor
+// these ops have since overwritten.
 void bump_written_tensors(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto& arguments = op.schema().arguments();
   const auto inputs = torch::jit::last(*stack, arguments.size());
@@ -82,21 +87,32 @@ void bump_written_tensors(const c10::OperatorHandle& op, c10::DispatchKeySet key
   for (const at::Tensor& t : written) t.unsafeGetTensorImpl()->bump_version();
 }
 
-// bump_written_tensors for the decode step, typed: boxing its ten arguments cost host time on every
-// decoding step.
-at::Tensor step_bumping_versions(c10::DispatchKeySet keys, const at::Tensor& q, const at::Tensor& k,
-                                 const at::Tensor& v, at::Tensor& S, const attnrnn::operators::OptTensor& z,
-                                 const attnrnn::operators::OptTensor& state_indices, double scale, double eps,
-                                 std::string_view feature_map, bool normalize) {
+// bump_written_tensors for the two decode steps, typed: boxing their arguments cost host time on
+// every decoding step. The call below ADInplaceOrView, then the versions of what it wrote.
+template <class Handle, class... Args>
+at::Tensor call_and_bump(const Handle& op, c10::DispatchKeySet keys, std::initializer_list<const at::Tensor*> written,
+                         Args&&... args) {
   at::Tensor o;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    o = attnrnn::operators::step().redispatch(keys & c10::after_ADInplaceOrView_keyset, q, k, v, S, z,
-                                              state_indices, scale, eps, feature_map, normalize);
+    o = op.redispatch(keys & c10::after_ADInplaceOrView_keyset, std::forward<Args>(args)...);
   }
-  S.unsafeGetTensorImpl()->bump_version();
-  if (z.has_value()) z->unsafeGetTensorImpl()->bump_version();
+  for (const at::Tensor* t : written)
+    if (t != nullptr) t->unsafeGetTensorImpl()->bump_version();
   return o;
+}
+at::Tensor step_bumping_versions(c10::DispatchKeySet keys, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, at::Tensor& S, const OptTensor& z, const OptTensor& state_indices,
+                                 double scale, double eps, std::string_view feature_map, bool normalize) {
+  return call_and_bump(attnrnn::operators::step(), keys, {&S, z.has_value() ? &*z : nullptr}, q, k, v, S, z,
+                       state_indices, scale, eps, feature_map, normalize);
+}
+at::Tensor softmax_attn_step_bumping_versions(c10::DispatchKeySet keys, const at::Tensor& q, at::Tensor& k_cache,
+                                              at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                              const OptTensor& k_new, const OptTensor& v_new, double scale,
+                                              int64_t split_size) {
+  return call_and_bump(attnrnn::operators::softmax_attn_step(), keys, {&k_cache, &v_cache}, q, k_cache, v_cache,
+                       cache_seqlens, k_new, v_new, scale, split_size);
 }
 
 }  // namespace
@@ -106,5 +122,5 @@ TORCH_LIBRARY_IMPL(attnrnn, CUDA, m) { register_impls(m); }
 TORCH_LIBRARY_IMPL(attnrnn, ADInplaceOrView, m) {
   m.impl("step", &step_bumping_versions);
   m.impl("chunk_fwd_with_segment_states", torch::CppFunction::makeFromBoxedFunction<&bump_written_tensors>());
-  m.impl("softmax_attn_step", torch::CppFunction::makeFromBoxedFunction<&bump_written_tensors>());
+  m.impl("softmax_attn_step", &softmax_attn_step_bumping_versions);
 }

@@ -1,7 +1,7 @@
-"""The public functions' eager call (attnrnn._C.chunk_fwd / step, csrc/torch/module.cpp) stands in
-for torch.ops.attnrnn.<op>.default: the same results, errors, in-place version bumps and autograd,
-and it steps aside (NotImplemented, then torch.ops) for tensor subclasses and __torch_function__
-modes."""
+"""The public functions' eager call (attnrnn._C.chunk_fwd / step / softmax_attn_step,
+csrc/torch/module.cpp) stands in for torch.ops.attnrnn.<op>.default: the same results, errors,
+in-place version bumps and autograd, and it steps aside (NotImplemented, then torch.ops) for tensor
+subclasses and __torch_function__ modes."""
 import sys
 
 import pytest
@@ -61,6 +61,42 @@ def test_step_operator_refuses_to_record_a_gradient(ar, device, needs_grad):
     assert S.detach().any()
 
 
+def test_softmax_step_eager_call_appends_to_the_caches_and_bumps_their_versions(ar, device):
+    """B2-L6-H4-Hkv2-D8: the typed softmax step writes k_new, v_new at row cache_seqlens[b] of the
+    caches and returns the output as torch.ops' does, and autograd sees both caches written."""
+    from attnrnn import _C
+    q = torch.randn(2, 4, 8, device=device)
+    kc, vc = torch.randn(2, 6, 2, 8, device=device), torch.randn(2, 6, 2, 8, device=device)
+    k_new, v_new = torch.randn(2, 2, 8, device=device), torch.randn(2, 2, 8, device=device)
+    lens = torch.tensor([2, 5], dtype=torch.int32, device=device)
+    kc2, vc2 = kc.clone(), vc.clone()
+    versions = (kc._version, vc._version)
+    o = _C.softmax_attn_step(q, kc, vc, lens, k_new, v_new, 0.5, 0)
+    o2 = torch.ops.attnrnn.softmax_attn_step.default(q, kc2, vc2, lens, k_new, v_new, 0.5, 0)
+    assert torch.equal(o, o2) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert torch.equal(kc[0, 2], k_new[0]) and torch.equal(vc[1, 5], v_new[1])
+    assert kc._version > versions[0] and vc._version > versions[1]
+
+
+@pytest.mark.parametrize("needs_grad", ["q", "k_cache"])
+def test_softmax_step_operator_refuses_to_record_a_gradient(ar, device, needs_grad):
+    """The softmax step's Autograd kernel: with grad mode on, a q or a cache that requires grad is
+    refused by the operator (through torch.ops and the typed call) before the cache is written."""
+    from attnrnn import _C
+    q = torch.randn(1, 2, 8, device=device)
+    kc = torch.zeros(1, 4, 1, 8, device=device)
+    if needs_grad == "q":
+        q.requires_grad_()
+    else:
+        kc = kc.clone().requires_grad_().clone()  # a non-leaf that requires grad
+    vc, k_new = torch.zeros(1, 4, 1, 8, device=device), torch.ones(1, 1, 8, device=device)
+    lens = torch.ones(1, dtype=torch.int32, device=device)
+    for call in (torch.ops.attnrnn.softmax_attn_step.default, _C.softmax_attn_step):
+        with pytest.raises(RuntimeError, match="not differentiable"):
+            call(q, kc, vc, lens, k_new, k_new, 0.5, 0)
+        assert not kc.detach().any() and not vc.any()
+
+
 def test_eager_call_raises_the_operators_error(ar, device):
     """A 3-D q: the same ValueError, naming the argument, as through torch.ops."""
     from attnrnn import _C
@@ -87,6 +123,9 @@ def test_eager_call_declines_tensor_subclasses_and_odd_arguments(ar, device):
     inp = make_inputs(Case(1, 5, 2, 4, torch.float32), device)
     tagged = dict(inp, q=inp["q"].as_subclass(_Tagged))
     assert _C.chunk_fwd(*_chunk_args(tagged, True)) is NotImplemented
+    kc = torch.zeros(1, 4, 2, 4, device=device)
+    lens = torch.zeros(1, dtype=torch.int32, device=device)
+    assert _C.softmax_attn_step(tagged["q"][:, 0], kc, kc, lens, None, None, 0.5, 0) is NotImplemented
     args = list(_chunk_args(inp, True))
     args[6] = torch.tensor(0.5)  # a tensor scale: torch.ops decides what that means
     assert _C.chunk_fwd(*args) is NotImplemented

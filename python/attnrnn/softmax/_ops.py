@@ -7,8 +7,8 @@ has no backward of its own: differentiating through it (create_graph=True, then 
 """
 import torch
 
-from .. import _C  # noqa: F401  (loads the operator registrations)
-from .._ops import fake_check_cu_seqlens, fake_check_devices, fake_check_rank, no_double_backward, state_dtype
+from .. import _C  # loads the operator registrations; holds the decode step's eager call
+from .._ops import _eager, fake_check_cu_seqlens, fake_check_devices, fake_check_rank, no_double_backward, state_dtype
 
 ops = torch.ops.attnrnn
 
@@ -63,4 +63,7 @@ def _backward(ctx, dout, dlse):
 
 
 torch.library.register_autograd("attnrnn::softmax_attn_fwd", _backward, setup_context=_setup_context)
+# The decode step's autograd (it refuses to record a gradient) is in C++ (csrc/torch/autograd.cpp), and its
+# eager call attnrnn._C's typed one.
+softmax_attn_step = _eager(ops.softmax_attn_step.default, _C.softmax_attn_step)
 torch.library.register_autograd("attnrnn::softmax_attn_bwd", no_double_backward("attnrnn::softmax_attn_bwd"))

@@ -11,6 +11,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from . import _ops
 from ._ops import ops
 from .._args import as_flag as _flag, check_tensor as _check_tensor
 from .._args import resolve_scale as _scale, scale_of as _scale_of
@@ -83,14 +84,14 @@ def softmax_attn_step(
     An inference op: it writes the caches in place and is not differentiable (streaming_attn
     over the whole sequence is).
     """
-    for x, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (cache_seqlens, "cache_seqlens")):
-        _check_tensor(x, name)
+    # The common call (plain tensors) takes the fewest Python steps: on an idle GPU the host's time
+    # before the launch is part of each decoding step's time. The operator refuses gradients itself.
+    if not (isinstance(q, torch.Tensor) and isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor)
+            and isinstance(cache_seqlens, torch.Tensor)):
+        for x, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (cache_seqlens, "cache_seqlens")):
+            _check_tensor(x, name)
     if (k_new is None) != (v_new is None):
         raise ValueError("k_new and v_new must be given together")
-    if torch.is_grad_enabled() and any(
-            x is not None and x.requires_grad for x in (q, k_cache, v_cache, k_new, v_new)):
-        raise RuntimeError("softmax_attn_step writes the KV cache in place and is not differentiable; "
-                           "use streaming_attn for gradients")
     four_d = q.dim() == 4
     if four_d:
         if q.shape[1] != 1:
@@ -110,7 +111,7 @@ def softmax_attn_step(
         raise ValueError(f"split_size must be a positive int or None, got {split_size!r}")
     else:
         split = split_size
-    o = ops.softmax_attn_step(q, k_cache, v_cache, cache_seqlens, k_new, v_new, _scale_of(scale, q), split)
+    o = _ops.softmax_attn_step(q, k_cache, v_cache, cache_seqlens, k_new, v_new, _scale_of(scale, q), split)
     return o.unsqueeze(1) if four_d else o
 
 
