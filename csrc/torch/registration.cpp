@@ -1,6 +1,6 @@
 // The torch.ops.attnrnn operators: schemas, and the same ATen glue for CPU and CUDA tensors.
 // Fake (meta) kernels and the softmax ops' autograd are registered from Python (attnrnn/_ops.py,
-// attnrnn/softmax/_ops.py); the linear ops' Autograd kernels are in autograd.cpp.
+// attnrnn/softmax/_ops.py); the Autograd kernels of the linear ops and of both decode steps are in autograd.cpp.
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
 
