@@ -155,13 +155,13 @@ class CausalLM(nn.Module):
         extras = {"last_token": torch.zeros(num_slots, dtype=torch.long, device=device)} if self.shift_embed else {}
         return AttentionCache(pools, extras=extras, signature=self.cache_signature())
 
-    def _check(self, input_ids, cache, state_indices):
+    def _check(self, input_ids, cache, state_indices, ids_in_range=False):
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"input_ids must be an int tensor [B, T], got {input_ids.dtype} {list(input_ids.shape)}")
         compiling = torch.compiler.is_compiling()
-        if not compiling and input_ids.numel():
+        if not compiling and not ids_in_range and input_ids.numel():  # a device read (a sync on CUDA)
             lo, hi = int(input_ids.min()), int(input_ids.max())
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(f"input_ids must lie in [0, vocab_size={self.config.vocab_size}), got values in "
@@ -182,17 +182,19 @@ class CausalLM(nn.Module):
         B, T = input_ids.shape
         idx = cache.check_indices(state_indices, B)
         if not compiling and B:
+            slots = cache.host_slots(idx)
             for i, pool in enumerate(cache.layers):
-                if pool.kind == "softmax" and int((pool.lengths[idx] + T).max()) > pool.max_len:
+                if pool.kind == "softmax" and max(pool.host_lengths()[s] for s in slots) + T > pool.max_len:
                     raise ValueError(f"input_ids: {T} more token(s) exceed the KV cache of layer {i} "
                                      f"(max_len={pool.max_len}); build the cache with a larger max_len")
         return idx
 
     # -- forward and generation ------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, cache: Optional[AttentionCache] = None,
-                state_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """input_ids ``[B, T]`` (int) -> logits ``[B, T, vocab_size]``."""
-        idx = self._check(input_ids, cache, state_indices)
+                state_indices: Optional[torch.Tensor] = None, *, _ids_in_range: bool = False) -> torch.Tensor:
+        """input_ids ``[B, T]`` (int) -> logits ``[B, T, vocab_size]``. (``_ids_in_range``: generate's
+        own tokens, sampled from the logits, skip the range check's device read.)"""
+        idx = self._check(input_ids, cache, state_indices, _ids_in_range)
         input_ids = input_ids.long()
         h = self.embed(input_ids)
         if self.shift_embed is not None:
@@ -247,7 +249,7 @@ class CausalLM(nn.Module):
             tok = self.sample(logits, temperature, top_k, generator)
             out.append(tok[:, None])
             if i + 1 < max_new_tokens:
-                logits = self(tok[:, None], cache, idx)[:, -1]
+                logits = self(tok[:, None], cache, idx, _ids_in_range=True)[:, -1]
         return torch.cat(out, dim=1)
 
     def extra_repr(self) -> str:

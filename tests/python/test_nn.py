@@ -464,3 +464,72 @@ def test_compile_softmax_layer_forward_fullgraph(nn, device):
     layer = nn.SoftmaxAttention(H, D, num_kv_heads=2, qk_norm=True).to(device)
     x = torch.randn(2, 9, H, device=device)
     torch.testing.assert_close(torch.compile(layer, fullgraph=True, backend="aot_eager")(x), layer(x), **TIGHT)
+
+
+# ---- decoding without device reads: the checked indices and the KV lengths on the host ---------
+
+def test_checked_indices_are_not_read_again_until_they_change(lm):
+    """check_indices reads a tensor's values once: the same int32 tensor again (or the int64 indices
+    it returned) returns the same int64 indices; either written in place (here to an unallocated
+    slot), or any tensor after a free, is checked again."""
+    cache = _model(lm, "linear").make_cache(4)
+    cache.allocate(3)
+    given = torch.tensor([2, 0], dtype=torch.int32)
+    first = cache.check_indices(given, 2)
+    assert cache.check_indices(given, 2) is first and cache.check_indices(first, 2) is first
+    assert cache.host_slots(first) == [2, 0]
+    given[0] = 3
+    with pytest.raises(ValueError, match=r"addresses slots \[3\] that are not allocated"):
+        cache.check_indices(given, 2)
+    given[0] = 1
+    returned = cache.check_indices(given, 2)
+    assert returned.tolist() == [1, 0]
+    returned[1] = 3  # the int64 copy written: checked again as well
+    with pytest.raises(ValueError, match=r"addresses slots \[3\] that are not allocated"):
+        cache.check_indices(returned, 2)
+    cache.free([1])
+    with pytest.raises(ValueError, match=r"addresses slots \[1\] that are not allocated"):
+        cache.check_indices(given, 2)
+
+
+def test_kv_lengths_on_the_host_follow_every_write(lm):
+    """The KV pools' host copy of lengths: kept by the layers' appends, reset by allocate, and read
+    again from the device after any other write (the demo fills a cache by hand)."""
+    model = _model(lm, "softmax")
+    cache = model.make_cache(3, max_len=16)
+    idx = cache.allocate(2)
+    with torch.no_grad():
+        model(torch.randint(0, 23, (2, 5)), cache, idx)
+        model(torch.randint(0, 23, (2, 1)), cache, idx)
+    for pool in cache.layers:
+        assert pool.host_lengths() == pool.lengths.tolist() == [6, 6, 0]
+    cache.free(idx[:1])
+    assert sorted(cache.allocate(2).tolist()) == [0, 2]  # slot 0 again, and the one never used
+    pool = cache.layers[0]
+    assert pool.host_lengths() == pool.lengths.tolist() == [0, 6, 0]
+    pool.lengths[2] = 9
+    assert pool.host_lengths() == [0, 6, 9]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="syncs are a CUDA matter")
+@pytest.mark.parametrize("layer_types", ["linear", "softmax", "hybrid"])
+def test_decoding_steps_do_not_synchronize(lm, layer_types):
+    """After the prefill, a hybrid model's decoding steps with the same state_indices read nothing
+    back from the GPU (torch.cuda's sync debug mode raises on a synchronizing call), so the host can
+    run ahead of the kernels, and they give the full forward's logits."""
+    model = _model(lm, layer_types).to("cuda")
+    ids = torch.randint(0, 23, (2, 9), device="cuda")
+    cache = model.make_cache(2, max_len=9)
+    idx = cache.allocate(2)
+    steps = []
+    with torch.no_grad():
+        model(ids[:, :5], cache, idx)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for t in range(5, 9):
+                steps.append(model(ids[:, t:t + 1], cache, idx, _ids_in_range=True))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        full = model(ids)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 5:], **TIGHT)

@@ -274,19 +274,20 @@ class SoftmaxAttention(_Attention):
             idx = cache.check_indices(state_indices, B)
             start = pool.lengths[idx]                                         # [B]
             compiling = torch.compiler.is_compiling()
-            if not compiling:
-                end = int((start + T).max()) if B else 0
+            if not compiling:  # from the host copies: no device read per layer and token
+                slots, lengths = cache.host_slots(idx), pool.host_lengths()
+                end = max(lengths[s] for s in slots) + T if B else 0
                 if end > pool.max_len:
-                    over = [int(i) for i in idx[(start + T) > pool.max_len].tolist()]
+                    over = [s for s in slots if lengths[s] + T > pool.max_len]
                     raise ValueError(f"x: {T} more token(s) do not fit in the KV cache of layer {self.layer_idx} "
                                      f"(max_len={pool.max_len}) for slots {over}; build the cache with a larger max_len")
             pos = start[:, None] + torch.arange(T, device=x.device)          # [B, T] positions of the new tokens
             pool.k[idx[:, None], pos] = k.detach().to(pool.k.dtype)
             pool.v[idx[:, None], pos] = v.detach().to(pool.v.dtype)
-            pool.lengths.index_copy_(0, idx, start + T)
+            pool.append_(idx, start, T, None if compiling else slots)
             L = pool.max_len if compiling else end                           # keys to read
             if not compiling and B == 1:
-                s = int(idx[0])
+                s = slots[0]
                 kc, vc = pool.k[s:s + 1, :L], pool.v[s:s + 1, :L]            # views, no copy
             else:
                 kc, vc = pool.k[idx, :L], pool.v[idx, :L]                    # [B, L, Hkv, D]

@@ -21,7 +21,7 @@ specification of the model that built it so that a cache from another model is r
 from __future__ import annotations
 
 import numbers
-from typing import Dict, Iterable, List, Optional, Sequence, Union
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -30,6 +30,22 @@ __all__ = ["LinearStatePool", "KVPool", "AttentionCache"]
 
 def _nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _version(t: torch.Tensor) -> Optional[int]:
+    """t's version counter (bumped by every in-place write); None for an inference tensor, which has none."""
+    return None if t.is_inference() else t._version
+
+
+class _Checked(NamedTuple):
+    """What check_indices last passed: the tensor given (None: arange) and what it returned, each
+    with its version then, the allocator's epoch then, and the slots as ints."""
+    given: Optional[torch.Tensor]
+    given_version: Optional[int]
+    idx: torch.Tensor
+    idx_version: Optional[int]
+    epoch: int
+    slots: List[int]
 
 
 class LinearStatePool:
@@ -59,7 +75,7 @@ class LinearStatePool:
     def tensors(self) -> List[torch.Tensor]:
         return [self.S] + ([self.z] if self.z is not None else [])
 
-    def reset_(self, slots: torch.Tensor) -> None:
+    def reset_(self, slots: torch.Tensor, host_slots: Optional[Sequence[int]] = None) -> None:
         for t in self.tensors():
             t.index_fill_(0, slots, 0)
 
@@ -82,6 +98,31 @@ class KVPool:
         self.k = torch.zeros(num_slots, max_len, num_kv_heads, head_dim, device=device, dtype=dtype)
         self.v = torch.zeros(num_slots, max_len, num_kv_heads, value_dim, device=device, dtype=dtype)
         self.lengths = torch.zeros(num_slots, device=device, dtype=torch.long)
+        # A host copy of lengths, so that a decoding step finds how many keys to read without reading
+        # the device tensor back (a sync per layer and token). It is trusted while lengths' version
+        # is the one it was taken at: any other write to lengths has it read again.
+        self._host_lengths: List[int] = [0] * num_slots
+        self._host_version = _version(self.lengths)
+
+    def host_lengths(self) -> List[int]:
+        """``lengths`` as a list of ints, read from the device only when something other than this
+        pool's own methods wrote it."""
+        version = _version(self.lengths)
+        if version is None or version != self._host_version:
+            self._host_lengths = self.lengths.tolist()
+            self._host_version = version
+        return self._host_lengths
+
+    def append_(self, slots: torch.Tensor, start: torch.Tensor, count: int,
+                host_slots: Optional[Sequence[int]] = None) -> None:
+        """``lengths[slots] = start + count`` (start: ``lengths[slots]`` as read before the write);
+        with ``host_slots`` (slots as ints) the host copy follows without a device read."""
+        lengths = self.host_lengths() if host_slots is not None else None
+        self.lengths.index_copy_(0, slots, start + count)
+        if lengths is not None:
+            for s in host_slots:
+                lengths[s] += count
+            self._host_version = _version(self.lengths)
 
     @property
     def max_len(self) -> int:
@@ -98,9 +139,14 @@ class KVPool:
     def tensors(self) -> List[torch.Tensor]:
         return [self.k, self.v, self.lengths]
 
-    def reset_(self, slots: torch.Tensor) -> None:
+    def reset_(self, slots: torch.Tensor, host_slots: Optional[Sequence[int]] = None) -> None:
         # Only the lengths need resetting: positions >= length are never read.
+        lengths = self.host_lengths() if host_slots is not None else None
         self.lengths.index_fill_(0, slots, 0)
+        if lengths is not None:
+            for s in host_slots:
+                lengths[s] = 0
+            self._host_version = _version(self.lengths)
 
     def nbytes_per_slot(self) -> int:
         return _nbytes(self.k, self.v) // max(self.k.shape[0], 1)
@@ -145,6 +191,10 @@ class AttentionCache:
         self.num_slots: int = sizes.pop()
         self._free: List[int] = list(range(self.num_slots))
         self._allocated = torch.zeros(self.num_slots, dtype=torch.bool)  # CPU mirror of the allocator
+        # The last state_indices check_indices passed: the same tensor again, unwritten, while no
+        # slot was allocated or freed (the epoch counts both), needs no device read.
+        self._epoch = 0
+        self._checked: Optional[_Checked] = None
 
     # -- allocator -------------------------------------------------------------------------------
     @property
@@ -169,8 +219,9 @@ class AttentionCache:
                              "free some slots or build a larger cache")
         taken, self._free = self._free[:n], self._free[n:]
         slots = torch.tensor(taken, dtype=torch.long, device=self.device)
+        self._epoch += 1
         for pool in self.layers:
-            pool.reset_(slots)
+            pool.reset_(slots, taken)
         for t in self.extras.values():
             t.index_fill_(0, slots, 0)
         self._allocated[taken] = True
@@ -186,6 +237,7 @@ class AttentionCache:
             raise ValueError(f"slots must be distinct, got {idx}")
         self._allocated[idx] = False
         self._free.extend(idx)
+        self._epoch += 1
 
     def nbytes_per_slot(self) -> int:
         """Bytes of layer state one sequence occupies (all layers)."""
@@ -211,12 +263,21 @@ class AttentionCache:
         """Validates ``state_indices`` for a batch of ``batch`` sequences and returns it as int64 on
         the cache's device (``arange(batch)`` when None). Raises ``ValueError`` naming ``name``.
 
-        Under ``torch.compile`` only the shape and dtype are checked (values would need a sync)."""
+        Reading the values is a device read (a sync on CUDA), done once for a given tensor: the same
+        tensor again (or the one returned), unchanged, with no slot allocated or freed since, is
+        returned as checked. Under ``torch.compile`` only the shape and dtype are checked."""
+        compiling = torch.compiler.is_compiling()
+        if not compiling:
+            memo = self._checked
+            if memo is not None and memo.epoch == self._epoch and len(memo.slots) == batch and (
+                    memo.given is None if state_indices is None else self._unchanged(state_indices) is not None):
+                return memo.idx
         if state_indices is None:
             if batch > self.num_slots:
                 raise ValueError(f"{name}=None addresses slots 0..{batch - 1} but the cache has "
                                  f"num_slots={self.num_slots}")
             idx = torch.arange(batch, device=self.device)
+            values = list(range(batch))
         else:
             if not isinstance(state_indices, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(state_indices).__name__}")
@@ -226,8 +287,8 @@ class AttentionCache:
             if state_indices.device != self.device:
                 raise ValueError(f"{name} is on {state_indices.device} but the cache is on {self.device}")
             idx = state_indices.long()
-        if not torch.compiler.is_compiling():
-            values = idx.tolist()
+            values = None if compiling else idx.tolist()
+        if not compiling:
             out = [i for i in values if not 0 <= i < self.num_slots]
             if out:
                 raise ValueError(f"{name} has indices {out} out of range [0, {self.num_slots}) (num_slots="
@@ -238,7 +299,28 @@ class AttentionCache:
             if unallocated:
                 raise ValueError(f"{name} addresses slots {unallocated} that are not allocated; call "
                                  "cache.allocate() first")
+            given_version = None if state_indices is None else _version(state_indices)
+            if state_indices is None or given_version is not None:
+                self._checked = _Checked(state_indices, given_version, idx, _version(idx), self._epoch, values)
         return idx
+
+    def _unchanged(self, t: torch.Tensor) -> Optional[List[int]]:
+        """The slots of the last check when t is its tensor (as given or as returned) and the given
+        one has not been written since; else None."""
+        memo = self._checked
+        if memo is None or t is None or not (t is memo.idx or t is memo.given):
+            return None
+        if _version(memo.idx) != memo.idx_version:
+            return None
+        if memo.given is not None and _version(memo.given) != memo.given_version:
+            return None
+        return memo.slots
+
+    def host_slots(self, idx: torch.Tensor) -> List[int]:
+        """The slots of ``idx`` (as check_indices returned it) as ints: from its check, without a
+        device read, when it is the last one checked."""
+        slots = self._unchanged(idx)
+        return slots if slots is not None else idx.tolist()
 
     def __repr__(self) -> str:
         pools = "\n".join(f"  [{i}] {p.describe()}" for i, p in enumerate(self.layers))
