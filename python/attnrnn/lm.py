@@ -182,9 +182,10 @@ class CausalLM(nn.Module):
         B, T = input_ids.shape
         idx = cache.check_indices(state_indices, B)
         if not compiling and B:
-            slots = cache.host_slots(idx)
+            slots = cache._slots_of(idx)
             for i, pool in enumerate(cache.layers):
-                if pool.kind == "softmax" and max(pool.host_lengths()[s] for s in slots) + T > pool.max_len:
+                lengths = pool.host_lengths() if pool.kind == "softmax" else None
+                if lengths is not None and max(lengths[s] for s in slots) + T > pool.max_len:
                     raise ValueError(f"input_ids: {T} more token(s) exceed the KV cache of layer {i} "
                                      f"(max_len={pool.max_len}); build the cache with a larger max_len")
         return idx

@@ -1,6 +1,7 @@
 """attnrnn.nn layers and cache, and the attnrnn.lm model: prefill + decode = full forward, batched
 serving through state_indices, state_dict round trip, clear errors that leave the cache untouched,
 torch.compile(fullgraph=True)."""
+import copy
 import io
 
 import pytest
@@ -477,7 +478,7 @@ def test_checked_indices_are_not_read_again_until_they_change(lm):
     given = torch.tensor([2, 0], dtype=torch.int32)
     first = cache.check_indices(given, 2)
     assert cache.check_indices(given, 2) is first and cache.check_indices(first, 2) is first
-    assert cache.host_slots(first) == [2, 0]
+    assert cache._slots_of(first) == [2, 0]
     given[0] = 3
     with pytest.raises(ValueError, match=r"addresses slots \[3\] that are not allocated"):
         cache.check_indices(given, 2)
@@ -492,9 +493,27 @@ def test_checked_indices_are_not_read_again_until_they_change(lm):
         cache.check_indices(given, 2)
 
 
+def test_indices_without_a_version_are_checked_every_time(lm):
+    """Where writes cannot be seen (inference tensors carry no version counter), and for the arange
+    of state_indices=None once written, every call reads the values again."""
+    cache = _model(lm, "linear").make_cache(4)
+    cache.allocate(2)
+    with torch.inference_mode():
+        given = torch.tensor([0, 1], dtype=torch.int32)
+        returned = cache.check_indices(given, 2)
+        returned[0] = 3
+        with pytest.raises(ValueError, match=r"addresses slots \[3\] that are not allocated"):
+            cache.check_indices(returned, 2)
+    arange = cache.check_indices(None, 2)
+    arange[0] = 3
+    with pytest.raises(ValueError, match=r"addresses slots \[3\] that are not allocated"):
+        cache.check_indices(arange, 2)
+
+
 def test_kv_lengths_on_the_host_follow_every_write(lm):
     """The KV pools' host copy of lengths: kept by the layers' appends, reset by allocate, and read
-    again from the device after any other write (the demo fills a cache by hand)."""
+    again from the device after any other write (the demo fills a cache by hand), in a copy of the
+    cache, and when lengths is replaced."""
     model = _model(lm, "softmax")
     cache = model.make_cache(3, max_len=16)
     idx = cache.allocate(2)
@@ -509,6 +528,11 @@ def test_kv_lengths_on_the_host_follow_every_write(lm):
     assert pool.host_lengths() == pool.lengths.tolist() == [0, 6, 0]
     pool.lengths[2] = 9
     assert pool.host_lengths() == [0, 6, 9]
+    twin = copy.deepcopy(cache).layers[0]  # a copy reads its own lengths
+    twin.lengths[1] = 4
+    assert twin.host_lengths() == [0, 4, 9] and pool.host_lengths() == [0, 6, 9]
+    pool.lengths = torch.full((3,), 2)  # another tensor altogether
+    assert pool.host_lengths() == [2, 2, 2]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="syncs are a CUDA matter")
@@ -533,3 +557,19 @@ def test_decoding_steps_do_not_synchronize(lm, layer_types):
             torch.cuda.set_sync_debug_mode("default")
         full = model(ids)
     torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 5:], **TIGHT)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+def test_decoding_is_refused_inside_a_cuda_graph_capture(lm):
+    """The cache's host-side bookkeeping would not follow a graph's replays: capturing a decoding
+    step raises before anything is launched."""
+    model = _model(lm, "softmax").to("cuda")
+    cache = model.make_cache(1, max_len=4)
+    idx = cache.allocate(1)
+    ids = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+    with torch.no_grad():
+        model(ids, cache, idx, _ids_in_range=True)
+        torch.cuda.synchronize()
+        with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                model(ids, cache, idx, _ids_in_range=True)

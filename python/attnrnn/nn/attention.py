@@ -275,7 +275,7 @@ class SoftmaxAttention(_Attention):
             start = pool.lengths[idx]                                         # [B]
             compiling = torch.compiler.is_compiling()
             if not compiling:  # from the host copies: no device read per layer and token
-                slots, lengths = cache.host_slots(idx), pool.host_lengths()
+                slots, lengths = cache._slots_of(idx), pool.host_lengths()
                 end = max(lengths[s] for s in slots) + T if B else 0
                 if end > pool.max_len:
                     over = [s for s in slots if lengths[s] + T > pool.max_len]

@@ -21,7 +21,7 @@ specification of the model that built it so that a cache from another model is r
 from __future__ import annotations
 
 import numbers
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Union
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -38,14 +38,19 @@ def _version(t: torch.Tensor) -> Optional[int]:
 
 
 class _Checked(NamedTuple):
-    """What check_indices last passed: the tensor given (None: arange) and what it returned, each
-    with its version then, the allocator's epoch then, and the slots as ints."""
-    given: Optional[torch.Tensor]
-    given_version: Optional[int]
+    """What check_indices last passed: the tensors that hold its values (the one given and the int64
+    one returned) with their versions then, the allocator's epoch then, and the slots as ints."""
+    tensors: Tuple[Tuple[torch.Tensor, Optional[int]], ...]
     idx: torch.Tensor
-    idx_version: Optional[int]
     epoch: int
     slots: List[int]
+
+    def holds(self, t: torch.Tensor) -> bool:
+        return any(t is x for x, _ in self.tensors)
+
+    def unwritten(self) -> bool:
+        """No in-place write since (as far as version counters tell; inference tensors have none)."""
+        return all(v is not None and _version(x) == v for x, v in self.tensors)
 
 
 class LinearStatePool:
@@ -99,30 +104,45 @@ class KVPool:
         self.v = torch.zeros(num_slots, max_len, num_kv_heads, value_dim, device=device, dtype=dtype)
         self.lengths = torch.zeros(num_slots, device=device, dtype=torch.long)
         # A host copy of lengths, so that a decoding step finds how many keys to read without reading
-        # the device tensor back (a sync per layer and token). It is trusted while lengths' version
-        # is the one it was taken at: any other write to lengths has it read again.
-        self._host_lengths: List[int] = [0] * num_slots
-        self._host_version = _version(self.lengths)
+        # the device tensor back (a sync per layer and token): (the tensor it copies, that tensor's
+        # version then, the copy). Trusted while lengths is that tensor at that version; any other
+        # write (or an inference tensor, which has no version) has it read again.
+        self._host: Optional[Tuple[torch.Tensor, Optional[int], List[int]]] = None
+
+    def __getstate__(self):  # a copy (deepcopy, pickle) reads its lengths again
+        return dict(self.__dict__, _host=None)
+
+    def _trusted_host_copy(self) -> Optional[List[int]]:
+        host = self._host
+        if host is not None and host[0] is self.lengths and host[1] is not None and _version(self.lengths) == host[1]:
+            return host[2]
+        return None
 
     def host_lengths(self) -> List[int]:
         """``lengths`` as a list of ints, read from the device only when something other than this
-        pool's own methods wrote it."""
-        version = _version(self.lengths)
-        if version is None or version != self._host_version:
-            self._host_lengths = self.lengths.tolist()
-            self._host_version = version
-        return self._host_lengths
+        pool's own methods wrote it since the last read."""
+        copy = self._trusted_host_copy()
+        if copy is None:
+            copy = self.lengths.tolist()
+            self._host = (self.lengths, _version(self.lengths), copy)
+        return copy
+
+    def _write_lengths(self, write, slots: Optional[Sequence[int]], value) -> None:
+        """write() changes lengths at slots; the host copy follows (value(old) per slot) if it was
+        trusted, without a device read."""
+        copy = self._trusted_host_copy() if slots is not None else None
+        write()
+        if copy is not None:
+            for s in slots:
+                copy[s] = value(copy[s])
+            self._host = (self.lengths, _version(self.lengths), copy)
 
     def append_(self, slots: torch.Tensor, start: torch.Tensor, count: int,
                 host_slots: Optional[Sequence[int]] = None) -> None:
         """``lengths[slots] = start + count`` (start: ``lengths[slots]`` as read before the write);
-        with ``host_slots`` (slots as ints) the host copy follows without a device read."""
-        lengths = self.host_lengths() if host_slots is not None else None
-        self.lengths.index_copy_(0, slots, start + count)
-        if lengths is not None:
-            for s in host_slots:
-                lengths[s] += count
-            self._host_version = _version(self.lengths)
+        ``host_slots``: slots as ints, for the host copy."""
+        self._write_lengths(lambda: self.lengths.index_copy_(0, slots, start + count), host_slots,
+                            lambda old: old + count)
 
     @property
     def max_len(self) -> int:
@@ -141,12 +161,7 @@ class KVPool:
 
     def reset_(self, slots: torch.Tensor, host_slots: Optional[Sequence[int]] = None) -> None:
         # Only the lengths need resetting: positions >= length are never read.
-        lengths = self.host_lengths() if host_slots is not None else None
-        self.lengths.index_fill_(0, slots, 0)
-        if lengths is not None:
-            for s in host_slots:
-                lengths[s] = 0
-            self._host_version = _version(self.lengths)
+        self._write_lengths(lambda: self.lengths.index_fill_(0, slots, 0), host_slots, lambda old: 0)
 
     def nbytes_per_slot(self) -> int:
         return _nbytes(self.k, self.v) // max(self.k.shape[0], 1)
@@ -195,6 +210,9 @@ class AttentionCache:
         # slot was allocated or freed (the epoch counts both), needs no device read.
         self._epoch = 0
         self._checked: Optional[_Checked] = None
+
+    def __getstate__(self):  # a copy (deepcopy, pickle) checks its indices again
+        return dict(self.__dict__, _checked=None)
 
     # -- allocator -------------------------------------------------------------------------------
     @property
@@ -264,14 +282,15 @@ class AttentionCache:
         the cache's device (``arange(batch)`` when None). Raises ``ValueError`` naming ``name``.
 
         Reading the values is a device read (a sync on CUDA), done once for a given tensor: the same
-        tensor again (or the one returned), unchanged, with no slot allocated or freed since, is
-        returned as checked. Under ``torch.compile`` only the shape and dtype are checked."""
+        tensor again (or the one returned), unwritten as far as their version counters tell (writes
+        through NumPy, DLPack or ``.data`` are not seen: pass a new tensor after them), with no slot
+        allocated or freed since, is returned as checked. Under ``torch.compile`` only the shape and
+        dtype are checked. Raises ``RuntimeError`` while a CUDA graph is being captured."""
         compiling = torch.compiler.is_compiling()
-        if not compiling:
-            memo = self._checked
-            if memo is not None and memo.epoch == self._epoch and len(memo.slots) == batch and (
-                    memo.given is None if state_indices is None else self._unchanged(state_indices) is not None):
-                return memo.idx
+        if not compiling and self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("decoding through attnrnn.nn layers cannot be captured in a CUDA graph: the cache's "
+                               "host-side bookkeeping (slots, KV lengths) would not follow the replays; use "
+                               "torch.compile, or capture the attnrnn ops themselves")
         if state_indices is None:
             if batch > self.num_slots:
                 raise ValueError(f"{name}=None addresses slots 0..{batch - 1} but the cache has "
@@ -286,6 +305,10 @@ class AttentionCache:
                                  f"entry), got {state_indices.dtype} {list(state_indices.shape)}")
             if state_indices.device != self.device:
                 raise ValueError(f"{name} is on {state_indices.device} but the cache is on {self.device}")
+            memo = self._checked
+            if (not compiling and memo is not None and memo.holds(state_indices) and memo.epoch == self._epoch
+                    and memo.unwritten()):
+                return memo.idx
             idx = state_indices.long()
             values = None if compiling else idx.tolist()
         if not compiling:
@@ -299,28 +322,15 @@ class AttentionCache:
             if unallocated:
                 raise ValueError(f"{name} addresses slots {unallocated} that are not allocated; call "
                                  "cache.allocate() first")
-            given_version = None if state_indices is None else _version(state_indices)
-            if state_indices is None or given_version is not None:
-                self._checked = _Checked(state_indices, given_version, idx, _version(idx), self._epoch, values)
+            held = [idx] if state_indices is None or state_indices is idx else [state_indices, idx]
+            self._checked = _Checked(tuple((t, _version(t)) for t in held), idx, self._epoch, values)
         return idx
 
-    def _unchanged(self, t: torch.Tensor) -> Optional[List[int]]:
-        """The slots of the last check when t is its tensor (as given or as returned) and the given
-        one has not been written since; else None."""
+    def _slots_of(self, idx: torch.Tensor) -> List[int]:
+        """The slots of ``idx`` as ints, right after check_indices returned it: from its check,
+        without a device read."""
         memo = self._checked
-        if memo is None or t is None or not (t is memo.idx or t is memo.given):
-            return None
-        if _version(memo.idx) != memo.idx_version:
-            return None
-        if memo.given is not None and _version(memo.given) != memo.given_version:
-            return None
-        return memo.slots
-
-    def host_slots(self, idx: torch.Tensor) -> List[int]:
-        """The slots of ``idx`` (as check_indices returned it) as ints: from its check, without a
-        device read, when it is the last one checked."""
-        slots = self._unchanged(idx)
-        return slots if slots is not None else idx.tolist()
+        return memo.slots if memo is not None and idx is memo.idx else idx.tolist()
 
     def __repr__(self) -> str:
         pools = "\n".join(f"  [{i}] {p.describe()}" for i, p in enumerate(self.layers))
