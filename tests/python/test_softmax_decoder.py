@@ -67,3 +67,29 @@ def test_nocache_rejects_a_bad_block_size(ar, block_size):
 def test_tiny_transformer_rejects_heads_that_do_not_divide(ar):
     with pytest.raises(ValueError, match="n_heads"):
         ar.softmax.TinyTransformer(vocab=11, dim=16, n_layers=1, n_heads=3, n_kv_heads=1)
+
+
+def test_kv_cache_decoder_follows_its_lengths_without_reading_them(ar, device):
+    """The position of the next token comes from a host copy kept by prefill and step; a length
+    written from outside is read again (here: rewinding one token and decoding it again)."""
+    sm = ar.softmax
+    torch.manual_seed(3)
+    model = sm.TinyTransformer(vocab=30, dim=32, n_layers=2, n_heads=2, max_len=32).to(device).eval()
+    ids = torch.randint(0, 30, (1, 9), device=device)
+    with torch.no_grad():
+        full = model(ids)
+    kv = sm.KVCacheDecoder(model, batch=1, max_len=32)
+    kv.prefill(ids[:, :4])
+    for t in range(4, 8):
+        logits = kv.step(ids[:, t])
+    assert _rel(logits, full[:, 7]) <= 1e-5
+    kv.lens -= 1  # rewind: token 7 again
+    assert _rel(kv.step(ids[:, 7]), full[:, 7]) <= 1e-5
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            logits = kv.step(ids[:, 8])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert _rel(logits, full[:, 8]) <= 1e-5
