@@ -25,16 +25,13 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, 
 
 import torch
 
+from .._host_copy import HostCopy, version_of
+
 __all__ = ["LinearStatePool", "KVPool", "AttentionCache"]
 
 
 def _nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
-def _version(t: torch.Tensor) -> Optional[int]:
-    """t's version counter (bumped by every in-place write); None for an inference tensor, which has none."""
-    return None if t.is_inference() else t._version
 
 
 class _Checked(NamedTuple):
@@ -50,7 +47,7 @@ class _Checked(NamedTuple):
 
     def unwritten(self) -> bool:
         """No in-place write since (as far as version counters tell; inference tensors have none)."""
-        return all(v is not None and _version(x) == v for x, v in self.tensors)
+        return all(v is not None and version_of(x) == v for x, v in self.tensors)
 
 
 class LinearStatePool:
@@ -104,38 +101,26 @@ class KVPool:
         self.v = torch.zeros(num_slots, max_len, num_kv_heads, value_dim, device=device, dtype=dtype)
         self.lengths = torch.zeros(num_slots, device=device, dtype=torch.long)
         # A host copy of lengths, so that a decoding step finds how many keys to read without reading
-        # the device tensor back (a sync per layer and token): (the tensor it copies, that tensor's
-        # version then, the copy). Trusted while lengths is that tensor at that version; any other
-        # write (or an inference tensor, which has no version) has it read again.
-        self._host: Optional[Tuple[torch.Tensor, Optional[int], List[int]]] = None
+        # the device tensor back (a sync per layer and token).
+        self._host = HostCopy()
 
     def __getstate__(self):  # a copy (deepcopy, pickle) reads its lengths again
-        return dict(self.__dict__, _host=None)
-
-    def _trusted_host_copy(self) -> Optional[List[int]]:
-        host = self._host
-        if host is not None and host[0] is self.lengths and host[1] is not None and _version(self.lengths) == host[1]:
-            return host[2]
-        return None
+        return dict(self.__dict__, _host=HostCopy())
 
     def host_lengths(self) -> List[int]:
         """``lengths`` as a list of ints, read from the device only when something other than this
         pool's own methods wrote it since the last read."""
-        copy = self._trusted_host_copy()
-        if copy is None:
-            copy = self.lengths.tolist()
-            self._host = (self.lengths, _version(self.lengths), copy)
-        return copy
+        return self._host.get(self.lengths, torch.Tensor.tolist)
 
     def _write_lengths(self, write, slots: Optional[Sequence[int]], value) -> None:
         """write() changes lengths at slots; the host copy follows (value(old) per slot) if it was
         trusted, without a device read."""
-        copy = self._trusted_host_copy() if slots is not None else None
+        copy = self._host.trusted(self.lengths) if slots is not None else None
         write()
         if copy is not None:
             for s in slots:
                 copy[s] = value(copy[s])
-            self._host = (self.lengths, _version(self.lengths), copy)
+            self._host.set(self.lengths, copy)
 
     def append_(self, slots: torch.Tensor, start: torch.Tensor, count: int,
                 host_slots: Optional[Sequence[int]] = None) -> None:
@@ -323,7 +308,7 @@ class AttentionCache:
                 raise ValueError(f"{name} addresses slots {unallocated} that are not allocated; call "
                                  "cache.allocate() first")
             held = [idx] if state_indices is None or state_indices is idx else [state_indices, idx]
-            self._checked = _Checked(tuple((t, _version(t)) for t in held), idx, self._epoch, values)
+            self._checked = _Checked(tuple((t, version_of(t)) for t in held), idx, self._epoch, values)
         return idx
 
     def _slots_of(self, idx: torch.Tensor) -> List[int]:

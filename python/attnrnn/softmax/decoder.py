@@ -15,6 +15,7 @@ from typing import List, Optional
 import torch
 from torch import nn
 
+from .._host_copy import HostCopy
 from .attn import softmax_attn_step, streaming_attn
 
 
@@ -89,19 +90,9 @@ class KVCacheDecoder:
         self.k = [torch.zeros(batch, L, b.n_kv_heads, b.head_dim, device=p.device, dtype=p.dtype) for b in model.layers]
         self.v = [torch.zeros_like(c) for c in self.k]
         self.lens = torch.zeros(batch, dtype=torch.int32, device=p.device)
-        # (lens, its version, lens[0]): the position without a device read per step while only this
-        # decoder wrote lens (an inference tensor, with no version, is read every step).
-        self._position: Optional[tuple] = None
-
-    def _pos(self) -> int:
-        known = self._position
-        version = None if self.lens.is_inference() else self.lens._version
-        if known is None or known[0] is not self.lens or version is None or known[1] != version:
-            known = self._position = (self.lens, version, int(self.lens[0]))
-        return known[2]
-
-    def _advance(self, pos: int) -> None:
-        self._position = (self.lens, None if self.lens.is_inference() else self.lens._version, pos)
+        # lens[0], the next token's position, without a device read per step while only this decoder
+        # wrote lens.
+        self._position = HostCopy()
 
     @torch.no_grad()
     def prefill(self, ids):  # -> logits of the next token [B, vocab]
@@ -112,20 +103,20 @@ class KVCacheDecoder:
             self.k[i][:, :T], self.v[i][:, :T] = k, v
             x = blk.finish(x, streaming_attn(blk.q(x), k, v, causal=True))
         self.lens.fill_(T)
-        self._advance(T)
+        self._position.set(self.lens, T)
         return m.logits(x[:, -1])
 
     @torch.no_grad()
     def step(self, token):  # token [B] -> logits of the next token [B, vocab]
         m = self.model
-        pos = self._pos()  # equal lengths in the batch
+        pos = self._position.get(self.lens, lambda lens: int(lens[0]))  # equal lengths in the batch
         x = m.embed(token[:, None], pos)[:, 0]
         for i, blk in enumerate(m.layers):
             k, v = blk.kv(x)
             o = softmax_attn_step(blk.q(x), self.k[i], self.v[i], self.lens, k_new=k, v_new=v)
             x = blk.finish(x, o)
         self.lens += 1
-        self._advance(pos + 1)
+        self._position.set(self.lens, pos + 1)
         return m.logits(x)
 
     def cache_bytes(self) -> int:
