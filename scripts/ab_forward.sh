@@ -23,7 +23,7 @@ if [ -n "${BITWISE:-}" ]; then
     done
     for tree in $OLD; do
       python3 scripts/outputs_of.py --compare "$OUT/outputs_$(basename "$tree")_$mask.pt" "$OUT/outputs_this_$mask.pt" 2>&1 |
-        tail -3 | sed "s/^/mask $mask: /"
+        grep -v -i warn | head -30 | sed "s/^/mask $mask: /"
     done
   done | tee -a "$OUT/ab_bitwise.txt"
 fi

@@ -56,6 +56,10 @@ def compare(a_path, b_path):
     verdict = "BITWISE EQUAL" if not differ and not missing else "BITWISE DIFFERENT"
     print(f"{verdict}: {a_path} vs {b_path}: {len(common) - len(differ)} of {len(common)} tensors equal"
           + (f"; differ: {', '.join(differ[:8])}" if differ else "") + (f"; in one file only: {missing}" if missing else ""))
+    for k in differ:  # how far apart: for a change that moves roundings on purpose
+        x, y = a[k].double(), b[k].double()
+        if x.shape == y.shape:
+            print(f"  {k}: max |a - b| / max |a| = {((x - y).abs().max() / x.abs().max().clamp_min(1e-30)).item():.3e}")
     return not differ and not missing
 
 

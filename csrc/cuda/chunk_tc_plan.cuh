@@ -74,6 +74,12 @@ struct TcFeatures {
   bool relu_in_sweep = false;
 };
 
+// The rows the wgmma epilogues take phi' from (wg_write_rows): phi(x) where the feature pass wrote
+// it, which elu1 always has there (wgmma_sweeps), else the raw input x (relu in the sweeps).
+__device__ __forceinline__ ConstView wg_dphi_rows(const ConstView phi, const ConstView raw) {
+  return phi.data != nullptr ? phi : raw;
+}
+
 // Whether a wgmma sweep applies relu to its tiles of source s itself.
 __device__ __forceinline__ bool relu_in_sweep(const TcFeatures& f, TcSrc s) {
   return (s == TcSrc::kQ || s == TcSrc::kK) && f.relu_in_sweep;

@@ -349,15 +349,15 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
         // normalizer: the forward (16 bytes; 251 us against 200 at B8-T4096-H32-D64) and fp16's dk (24).
         constexpr bool kStaged =
             !(DI == 64 && WithNormalizer && (kFwd || (kDk && std::is_same_v<T, __half>)));
-        auto write_rows = [&](const MutView out, const float(&acc)[32], bool dphi_of, const ConstView raw_view) {
-          wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, raw_view, seq.b, s.t0, s.cl, out_head, c0, tid,
+        auto write_rows = [&](const MutView out, const float(&acc)[32], bool dphi_of, const ConstView phi_rows) {
+          wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, phi_rows, seq.b, s.t0, s.cl, out_head, c0, tid,
                            kStaged ? At : nullptr);
         };
         if constexpr (kFwd) write_rows(p.o, O, false, p.q);
-        if constexpr (kDq) write_rows(p.dq, O, phi_used, p.q);
-        if constexpr (kDk) write_rows(p.dk, O, phi_used, p.k);
+        if constexpr (kDq) write_rows(p.dq, O, phi_used, wg_dphi_rows(feat.q, p.q));
+        if constexpr (kDk) write_rows(p.dk, O, phi_used, wg_dphi_rows(feat.k, p.k));
         if constexpr (Info::dv_like) write_rows(p.dv, O, false, p.k);
-        if constexpr (kDkv) write_rows(p.dk, O2, phi_used, p.k);
+        if constexpr (kDkv) write_rows(p.dk, O2, phi_used, wg_dphi_rows(feat.k, p.k));
       };
       // At DI = 128 the epilogue runs while S += B^T Cv does; at DI = 64 its second copy (one per
       // branch) made the forward spill 64 bytes instead of 8 under the 3-blocks-per-SM budget.

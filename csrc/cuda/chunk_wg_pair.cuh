@@ -307,8 +307,8 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       if (Info::group_sum && !s.last) return;
       const int64_t out_head = Info::group_sum ? g : s.h;
       // staged through this warpgroup's first A tile: every product that reads it is done
-      auto write = [&](const MutView out, bool dphi_of, const ConstView raw, const float(&inv)[2]) {
-        wg_write_rows<T, WithNormalizer ? 8 : 16>(out, O, inv, p.feature_map, dphi_of, raw, seq.b, s.t0 + row0, cl,
+      auto write = [&](const MutView out, bool dphi_of, const ConstView phi_rows, const float(&inv)[2]) {
+        wg_write_rows<T, WithNormalizer ? 8 : 16>(out, O, inv, p.feature_map, dphi_of, phi_rows, seq.b, s.t0 + row0, cl,
                                                   out_head, c0, t, Aw);
       };
       if constexpr (kFwd) {
@@ -324,8 +324,8 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       } else {
         [[maybe_unused]] const float one[2] = {1.f, 1.f};  // dk's and dv's rows
         [[maybe_unused]] const bool phi_used = p.feature_map != FeatureMap::kIdentity;  // dq, dk times phi'
-        if constexpr (kDq) write(p.dq, phi_used, p.q, wt.wr);
-        if constexpr (kDk) write(p.dk, phi_used, p.k, one);
+        if constexpr (kDq) write(p.dq, phi_used, wg_dphi_rows(feat.q, p.q), wt.wr);
+        if constexpr (kDk) write(p.dk, phi_used, wg_dphi_rows(feat.k, p.k), one);
         if constexpr (Info::dv_like) write(p.dv, false, p.k, one);
       }
     };

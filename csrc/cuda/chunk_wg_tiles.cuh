@@ -296,7 +296,7 @@ __device__ __forceinline__ bool wg_aligned16(const MutView& out) {
   return reinterpret_cast<uintptr_t>(out.data) % 16 == 0 && (out.stride_b | out.stride_t | out.stride_h) % 8 == 0;
 }
 
-// An accumulator's rows times inv (and, with dphi_of, phi' of the raw input's rows) into out at
+// An accumulator's rows times inv (and, with dphi_of, phi' of the input's rows) into out at
 // columns c0 + [0, 64): this thread's rows r0 and r0 + 8 of the chunk from token t0 (cl valid).
 // With `scratch`, a 64 x 64 tile of shared memory (wg_at's layout) that no product reads any more
 // (the step's A tile), and out 16-byte aligned: staged through this warp's 16 rows of it
@@ -306,15 +306,18 @@ __device__ __forceinline__ bool wg_aligned16(const MutView& out) {
 // overwrites only its own 16 rows after its own wgmma wait: warp w's share of an m64 product reads A
 // rows [16w, 16w + 16) (on its own sub-partition's tensor core), which the PTX ISA does not spell out;
 // the bitwise A/B against the direct stores is the check. The views come by value (see tc_view).
-// phi' multiplies in fp32 before the rounding. Its raw elements are loaded Batch pairs at a time
+// phi' multiplies in fp32 before the rounding. It comes from phi_rows (wg_dphi_rows): phi(q) or
+// phi(k) in the workspace where the feature pass wrote them, which elu1 always has on these sweeps
+// (its phi' is then min(phi, 1), no exp), else the raw input (relu applied in the sweeps, whose
+// phi' reads alike from either). Its elements are loaded Batch pairs at a time
 // ahead of their stores: loads and stores interleaved kept each load behind the store before it (out
-// may alias raw as far as the compiler knows), a memory latency per element pair (H200,
+// may alias them as far as the compiler knows), a memory latency per element pair (H200,
 // B1-T65536-H16-D128 with relu: the dk + dv sweep 538 -> 1851 us, dq 338 -> 1093 against the
 // identity map). All sixteen in one batch by default; eight where sixteen more live registers spill
 // (the paired sweeps with the normalizer: their dk 4 -> 20 bytes).
 template <class T, int Batch = 16>
 __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&acc)[32], const float (&inv)[2],
-                                              FeatureMap fm, bool dphi_of, const ConstView raw, int64_t b,
+                                              FeatureMap fm, bool dphi_of, const ConstView phi_rows, int64_t b,
                                               int64_t t0, int cl, int64_t head, int c0, int tid,
                                               unsigned char* scratch = nullptr) {
   const int r0 = wg_acc_row(tid, 0);
@@ -326,15 +329,15 @@ __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&a
     constexpr bool kDphi = kMap != FeatureMap::kIdentity;
     constexpr int kBatch = Batch;  // element pairs (e, e + 1) per batch of raw loads
     static_assert(kBatch == 4 || kBatch == 8 || kBatch == 16, "a batch covers whole stmatrix groups");
-    uint32_t raw2[kDphi ? kBatch : 1];  // the raw pair of elements (e, e + 1) at raw2[e / 2 % kBatch]
-    const T* const raw0 = kDphi ? row<T>(raw, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0) : nullptr;
+    uint32_t raw2[kDphi ? kBatch : 1];  // the pair of elements (e, e + 1) of phi_rows at raw2[e / 2 % kBatch]
+    const T* const raw0 = kDphi ? row<T>(phi_rows, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0) : nullptr;
     auto load_raw = [&](int e0) {  // pairs e0 / 2 .. e0 / 2 + kBatch - 1
       if constexpr (kDphi) {
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
           const int e = e0 + 2 * i, half = (e >> 1) & 1;
           raw2[i] = r0 + 8 * half < cl
-                        ? *reinterpret_cast<const uint32_t*>(raw0 + 8 * half * raw.stride_t + 8 * (e >> 2))
+                        ? *reinterpret_cast<const uint32_t*>(raw0 + 8 * half * phi_rows.stride_t + 8 * (e >> 2))
                         : 0u;
         }
       }
@@ -344,8 +347,8 @@ __device__ __forceinline__ void wg_write_rows(const MutView out, const float (&a
       float x0 = acc[e] * inv[half], x1 = acc[e + 1] * inv[half];
       if constexpr (kDphi) {
         const float2 q2 = unpack2<T>(raw2[e / 2 % kBatch]);
-        x0 *= dphi(kMap, q2.x);
-        x1 *= dphi(kMap, q2.y);
+        x0 *= dphi_of_phi(kMap, q2.x);
+        x1 *= dphi_of_phi(kMap, q2.y);
       }
       return pack2<T>(x0, x1);
     };

@@ -58,6 +58,17 @@ __device__ __forceinline__ A dphi(FeatureMap fm, A x) {
     default: return A(1);
   }
 }
+// phi'(x) from y = phi(x) as feature_map_kernel stored it, without elu1's exp: elu1's is y itself
+// where x <= 0 (y = exp(x) <= 1) and 1 where x > 0 (y = x + 1, rounded to 1 at the smallest x);
+// relu's is 1 exactly where y > 0, as where x > 0. NaN stays NaN (elu1) or gives 0 (relu), as dphi.
+template <class A>
+__device__ __forceinline__ A dphi_of_phi(FeatureMap fm, A y) {
+  switch (fm) {
+    case FeatureMap::kElu1: return y > A(1) ? A(1) : y;
+    case FeatureMap::kRelu: return y > A(0) ? A(1) : A(0);
+    default: return A(1);
+  }
+}
 
 // ---- geometry -----------------------------------------------------------------------------------
 struct Seq {

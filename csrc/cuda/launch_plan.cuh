@@ -143,6 +143,8 @@ inline bool relu_in_sweep_planned(const LinearAttnParams& p, bool backward) {
   const bool fused_dkv64_normalized = backward && p.normalize && p.head_dim_k == 64 && p.head_dim_v == 64;
   return enabled && p.feature_map == FeatureMap::kRelu && !fused_dkv64_normalized && wgmma_planned(p, backward);
 }
+// With elu1 only on phi(q), phi(k) from the workspace: the sweeps' epilogues take elu1's phi' from
+// them (wg_dphi_rows).
 inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatures& feat) {
   return wgmma_planned(p, backward) &&
          (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr || feat.relu_in_sweep);

@@ -94,6 +94,24 @@ def test_fp64_inputs_match_reference_to_fp64_precision(ar, ref, op, device):
         torch.testing.assert_close(ours[name], ref64[name], msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("normalize", [False, True], ids=["unnorm", "norm"])
+def test_elu1_gradients_at_its_kink_and_in_its_tail(ar, ref, device, normalize):
+    """elu1's phi' where x + 1 and exp(x) both round to 1 (|x| ~ 1e-3) and where exp(x) is tiny
+    (x down to ~ -100): the CUDA wgmma sweeps take it from phi(x) as the feature pass stored it,
+    min(phi, 1), instead of computing exp(x) again (B1-T300-H2-K128-bf16, a ragged last chunk)."""
+    case = Case(1, 300, 2, 128, bf16, normalize=normalize)
+    inp = make_inputs(case, device)
+    gen = torch.Generator().manual_seed(1)
+    for name in ("q", "k"):
+        x = inp[name].double().cpu()
+        kind = torch.randint(0, 3, x.shape, generator=gen)
+        x = torch.where(kind == 0, x * 1e-3, torch.where(kind == 1, -30 * x.abs(), x))
+        inp[name] = x.to(device=device, dtype=case.dtype)
+    ours = run(_api(ar, "chunk"), case, inp)
+    base, ref64 = baselines_and_reference(ref, case, inp)
+    check_all(ours, base, ref64, case.dtype)
+
+
 def _poison_allocator(device, numels):
     """Fill freed memory blocks of the sizes the op will allocate with NaN.
 
