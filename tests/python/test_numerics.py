@@ -95,11 +95,13 @@ def test_fp64_inputs_match_reference_to_fp64_precision(ar, ref, op, device):
 
 
 @pytest.mark.parametrize("normalize", [False, True], ids=["unnorm", "norm"])
-def test_elu1_gradients_at_its_kink_and_in_its_tail(ar, ref, device, normalize):
-    """elu1's phi' where x + 1 and exp(x) both round to 1 (|x| ~ 1e-3) and where exp(x) is tiny
-    (x down to ~ -100): the CUDA wgmma sweeps take it from phi(x) as the feature pass stored it,
-    min(phi, 1), instead of computing exp(x) again (B1-T300-H2-K128-bf16, a ragged last chunk)."""
-    case = Case(1, 300, 2, 128, bf16, normalize=normalize)
+@pytest.mark.parametrize("dtype", [bf16, fp16], ids=["bf16", "fp16"])
+def test_elu1_gradients_at_its_kink_and_in_its_tail(ar, ref, device, dtype, normalize):
+    """elu1's phi' where x + 1 and exp(x) both round to 1 (|x| ~ 1e-3) and where exp(x) is tiny or
+    below fp16's range (x down to ~ -100): the CUDA wgmma sweeps take it from phi(x) as the feature
+    pass stored it, min(phi, 1), instead of computing exp(x) again (B1-T300-H4-Hkv2-K128, GQA, a
+    ragged last chunk)."""
+    case = Case(1, 300, 4, 128, dtype, Hkv=2, normalize=normalize)
     inp = make_inputs(case, device)
     gen = torch.Generator().manual_seed(1)
     for name in ("q", "k"):
