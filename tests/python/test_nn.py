@@ -537,7 +537,7 @@ def test_kv_lengths_on_the_host_follow_every_write(lm):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="syncs are a CUDA matter")
 @pytest.mark.parametrize("layer_types", ["linear", "softmax", "hybrid"])
-def test_decoding_steps_do_not_synchronize(lm, layer_types):
+def test_decoding_steps_on_cuda_do_not_synchronize(lm, layer_types):
     """After the prefill, a hybrid model's decoding steps with the same state_indices read nothing
     back from the GPU (torch.cuda's sync debug mode raises on a synchronizing call), so the host can
     run ahead of the kernels, and they give the full forward's logits."""
