@@ -62,6 +62,15 @@ int64_t linear_attn_chunk_fwd_segment_state_floats(const LinearAttnParams& p) {
   return 0;
 }
 
+bool linear_attn_chunk_saves_features(const LinearAttnParams& p) {
+#ifdef ATTNRNN_WITH_CUDA
+  if (p.device == Device::kCUDA && !p.phi_given) return cuda::chunk_saves_features(p);
+#else
+  (void)p;
+#endif
+  return false;
+}
+
 bool built_with_cuda() {
 #ifdef ATTNRNN_WITH_CUDA
   return true;
@@ -157,6 +166,7 @@ Status check_sequence(const LinearAttnParams& p, bool backward) {
     s = check_cu_seqlens(p.device, p.cu_seqlens, p.cu_seqlens_int64, p.num_seqs, p.seqlen);
     if (s != Status::kSuccess) return s;
   }
+  ATTNRNN_REQUIRE(!p.phi_given || backward, "phi_given is an option of chunk_linear_attn_bwd only");
   const bool empty = p.batch == 0 || p.seqlen == 0;
   if (!empty) {
     ATTNRNN_REQUIRE(p.q.data && p.k.data && p.v.data, "q, k and v must not be null");
@@ -237,7 +247,35 @@ Status recurrent_linear_attn_fwd(const LinearAttnParams& p) {
   return dispatch(p, check_sequence(p, false), cpu::recurrent_fwd, ATTNRNN_CUDA_KERNEL(recurrent_fwd));
 }
 Status recurrent_linear_attn_bwd(const LinearAttnParams& p) {
-  return dispatch(p, check_sequence(p, true), cpu::recurrent_bwd, ATTNRNN_CUDA_KERNEL(recurrent_bwd));
+  const Status checked = p.phi_given ? fail(Status::kInvalidArgument,
+                                            "phi_given is an option of chunk_linear_attn_bwd only")
+                                     : check_sequence(p, true);
+  return dispatch(p, checked, cpu::recurrent_bwd, ATTNRNN_CUDA_KERNEL(recurrent_bwd));
+}
+
+Status linear_attn_features(const LinearAttnParams& p, void* phi_q, void* phi_k) {
+  ATTNRNN_REQUIRE(p.batch >= 0 && p.seqlen >= 0, "batch and seqlen must be >= 0, got %lld and %lld",
+                  (long long)p.batch, (long long)p.seqlen);
+  ATTNRNN_REQUIRE(p.num_heads >= 1 && p.num_kv_heads >= 1, "num_heads and num_kv_heads must be >= 1, got %lld and %lld",
+                  (long long)p.num_heads, (long long)p.num_kv_heads);
+  ATTNRNN_REQUIRE(p.head_dim_k >= 1 && p.head_dim_k <= kMaxHeadDim, "head_dim_k must be in [1, 256], got %lld",
+                  (long long)p.head_dim_k);
+  ATTNRNN_REQUIRE(known_feature_map(p.feature_map), "feature_map must be kIdentity, kElu1 or kRelu, got %d",
+                  static_cast<int>(p.feature_map));
+  ATTNRNN_REQUIRE_FITS(p.batch, p.seqlen, p.num_heads, p.head_dim_k, "q [batch, seqlen, num_heads, head_dim_k]");
+  ATTNRNN_REQUIRE_FITS(p.batch, p.seqlen, p.num_kv_heads, p.head_dim_k, "k [batch, seqlen, num_kv_heads, head_dim_k]");
+  if (p.batch > 0 && p.seqlen > 0)
+    ATTNRNN_REQUIRE(p.q.data && p.k.data && phi_q && phi_k, "q, k, phi_q and phi_k must not be null");
+  switch (p.device) {
+    case Device::kCPU: return cpu::features(p, phi_q, phi_k);
+    case Device::kCUDA:
+#ifdef ATTNRNN_WITH_CUDA
+      return cuda::features(p, phi_q, phi_k);
+#else
+      return fail(Status::kNotCompiled, "attnrnn was built without CUDA kernels");
+#endif
+  }
+  return fail(Status::kInvalidArgument, "unknown device %d", static_cast<int>(p.device));
 }
 Status linear_attn_step(const LinearAttnStepParams& p) {
   return dispatch(p, check_step(p), cpu::step, ATTNRNN_CUDA_KERNEL(step));

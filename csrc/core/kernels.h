@@ -15,6 +15,7 @@ Status chunk_bwd(const LinearAttnParams& p);
 Status recurrent_fwd(const LinearAttnParams& p);
 Status recurrent_bwd(const LinearAttnParams& p);
 Status step(const LinearAttnStepParams& p);
+Status features(const LinearAttnParams& p, void* phi_q, void* phi_k);
 }  // namespace cpu
 
 namespace cuda {
@@ -26,6 +27,8 @@ Status step(const LinearAttnStepParams& p);
 int64_t workspace_bytes(const LinearAttnParams& p);  // forward when p.dout.data is null, else backward
 bool chunk_fwd_writes_den(const LinearAttnParams& p);
 int64_t chunk_fwd_segment_state_floats(const LinearAttnParams& p);
+Status features(const LinearAttnParams& p, void* phi_q, void* phi_k);
+bool chunk_saves_features(const LinearAttnParams& p);
 }  // namespace cuda
 
 }  // namespace attnrnn

@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dq_kernel(const LinearA
     // Load: phi(k) and v of the chunk (zero rows past the end).
     for (int i = tid; i < C * K; i += kBwdThreads) {
       const int t = i / K, k = i % K;
-      Ks[t * KP + k] = t < cl ? phi(p.feature_map, to_acc<A>(row<T>(p.k, seq.b, t0 + t, g)[k])) : A(0);
+      Ks[t * KP + k] = t < cl ? phi_of_input(p, to_acc<A>(row<T>(p.k, seq.b, t0 + t, g)[k])) : A(0);
     }
     for (int i = tid; i < C * V; i += kBwdThreads) {
       const int t = i / V;
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dq_kernel(const LinearA
       __syncthreads();  // Ks/Vs are loaded; the previous head is done with Qs, dN, dA, den, dd
       for (int i = tid; i < C * K; i += kBwdThreads) {
         const int t = i / K, k = i % K;
-        Qs[t * KP + k] = t < cl ? scale * phi(p.feature_map, to_acc<A>(row<T>(p.q, seq.b, t0 + t, h)[k])) : A(0);
+        Qs[t * KP + k] = t < cl ? scale * phi_of_input(p, to_acc<A>(row<T>(p.q, seq.b, t0 + t, h)[k])) : A(0);
       }
       __syncthreads();
 
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dq_kernel(const LinearA
         acc = dot(acc, dN + t * V, 1, S + kk * VP, 1, V);
         acc = dot(acc, dA + t * CP, 1, Ks + k, KP, t + 1);
         const A qraw = to_acc<A>(row<T>(p.q, seq.b, t0 + t, h)[k]);
-        row<T>(p.dq, seq.b, t0 + t, h)[k] = from_acc<T, A>(scale * dphi(p.feature_map, qraw) * acc);
+        row<T>(p.dq, seq.b, t0 + t, h)[k] = from_acc<T, A>(scale * dphi_of_input(p, qraw) * acc);
       }
     }
     __syncthreads();
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dk_kernel(const LinearA
       for (int i = tid; i < C * BK; i += kBwdThreads) {
         const int t = i / BK, kk = i % BK;
         Qs[t * QP + kk] = (t < cl && kk < bk)
-                              ? scale * phi(p.feature_map, to_acc<A>(row<T>(p.q, seq.b, t0 + t, h)[k0 + kk]))
+                              ? scale * phi_of_input(p, to_acc<A>(row<T>(p.q, seq.b, t0 + t, h)[k0 + kk]))
                               : A(0);
       }
       for (int t = tid; t < C; t += kBwdThreads)
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dk_kernel(const LinearA
       const int s = i / BK, kk = i % BK;
       if (s >= cl || kk >= bk) continue;
       const A kraw = to_acc<A>(row<T>(p.k, seq.b, t0 + s, g)[k0 + kk]);
-      row<T>(p.dk, seq.b, t0 + s, g)[k0 + kk] = from_acc<T, A>(dphi(p.feature_map, kraw) * dK[i]);
+      row<T>(p.dk, seq.b, t0 + s, g)[k0 + kk] = from_acc<T, A>(dphi_of_input(p, kraw) * dK[i]);
     }
     __syncthreads();
   }
@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dv_kernel(const LinearA
     // Load: phi(k) of the chunk.
     for (int i = tid; i < C * K; i += kBwdThreads) {
       const int t = i / K, k = i % K;
-      Ks[t * KP + k] = t < cl ? phi(p.feature_map, to_acc<A>(row<T>(p.k, seq.b, t0 + t, g)[k])) : A(0);
+      Ks[t * KP + k] = t < cl ? phi_of_input(p, to_acc<A>(row<T>(p.k, seq.b, t0 + t, g)[k])) : A(0);
     }
     __syncthreads();
     // Inter-chunk part: dv_s = k'_s dS~ of the chunks after this one.
@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(kBwdThreads) chunk_bwd_dv_kernel(const LinearA
       // Per head: phi(q) and dn = do / d on the V tile (d from the dq kernel).
       for (int i = tid; i < C * K; i += kBwdThreads) {
         const int t = i / K, k = i % K;
-        Qs[t * KP + k] = t < cl ? scale * phi(p.feature_map, to_acc<A>(row<T>(p.q, seq.b, t0 + t, h)[k])) : A(0);
+        Qs[t * KP + k] = t < cl ? scale * phi_of_input(p, to_acc<A>(row<T>(p.q, seq.b, t0 + t, h)[k])) : A(0);
       }
       for (int i = tid; i < C * BV; i += kBwdThreads) {
         const int t = i / BV, v = i % BV;

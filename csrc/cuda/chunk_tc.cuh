@@ -316,11 +316,12 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
             const int t = r0 + gr + 8 * r;
             if (t >= s.cl) continue;
             T* orow = row<T>(out, seq.b, s.t0 + t, out_head) + c0;
-            // phi' of the row's raw elements, all loaded before its first store (as in wg_write_rows:
-            // a load behind each store cost a memory latency per element pair)
+            // phi' of the row's phi(x) elements (dphi_rows), all loaded before its first store (as
+            // in wg_write_rows: a load behind each store cost a memory latency per element pair)
             uint32_t raw2[NT];
             if (dphi_of) {
-              const T* raw = row<T>(R == TcRole::kGradQ ? p.q : p.k, seq.b, s.t0 + t, out_head) + c0;
+              const ConstView phi_rows = R == TcRole::kGradQ ? dphi_rows(feat.q, p.q) : dphi_rows(feat.k, p.k);
+              const T* raw = row<T>(phi_rows, seq.b, s.t0 + t, out_head) + c0;
 #pragma unroll
               for (int ni = 0; ni < NT; ++ni) raw2[ni] = *reinterpret_cast<const uint32_t*>(raw + ni * 8 + t2);
             }
@@ -333,8 +334,8 @@ __global__ void __launch_bounds__(kTcThreads, TcLayout<DI>::min_blocks)
               }
               if (dphi_of) {
                 const float2 q2 = unpack2<T>(raw2[ni]);
-                x0 *= dphi(p.feature_map, q2.x);
-                x1 *= dphi(p.feature_map, q2.y);
+                x0 *= dphi_of_phi(p.feature_map, q2.x);
+                x1 *= dphi_of_phi(p.feature_map, q2.y);
               }
               *reinterpret_cast<uint32_t*>(orow + ni * 8 + t2) = pack2<T>(x0, x1);
             }

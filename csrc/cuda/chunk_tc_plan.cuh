@@ -74,9 +74,11 @@ struct TcFeatures {
   bool relu_in_sweep = false;
 };
 
-// The rows the wgmma epilogues take phi' from (wg_write_rows): phi(x) where the feature pass wrote
-// it, which elu1 always has there (wgmma_sweeps), else the raw input x (relu in the sweeps).
-__device__ __forceinline__ ConstView wg_dphi_rows(const ConstView phi, const ConstView raw) {
+// The rows the backward's epilogues take phi' from (wg_write_rows, chunk_tc's): phi(x) where the
+// feature pass wrote it or the backward was given it (phi_given), which a feature map other than
+// relu in the wgmma sweeps always has there, else the raw input x (relu applied in the sweeps, whose
+// phi' reads alike from either).
+__device__ __forceinline__ ConstView dphi_rows(const ConstView phi, const ConstView raw) {
   return phi.data != nullptr ? phi : raw;
 }
 

@@ -354,10 +354,10 @@ __global__ void __launch_bounds__(kTcThreads, WgLayoutOf<R, DI>::min_blocks)
                            kStaged ? At : nullptr);
         };
         if constexpr (kFwd) write_rows(p.o, O, false, p.q);
-        if constexpr (kDq) write_rows(p.dq, O, phi_used, wg_dphi_rows(feat.q, p.q));
-        if constexpr (kDk) write_rows(p.dk, O, phi_used, wg_dphi_rows(feat.k, p.k));
+        if constexpr (kDq) write_rows(p.dq, O, phi_used, dphi_rows(feat.q, p.q));
+        if constexpr (kDk) write_rows(p.dk, O, phi_used, dphi_rows(feat.k, p.k));
         if constexpr (Info::dv_like) write_rows(p.dv, O, false, p.k);
-        if constexpr (kDkv) write_rows(p.dk, O2, phi_used, wg_dphi_rows(feat.k, p.k));
+        if constexpr (kDkv) write_rows(p.dk, O2, phi_used, dphi_rows(feat.k, p.k));
       };
       // At DI = 128 the epilogue runs while S += B^T Cv does; at DI = 64 its second copy (one per
       // branch) made the forward spill 64 bytes instead of 8 under the 3-blocks-per-SM budget.

@@ -324,8 +324,8 @@ __global__ void __launch_bounds__(WgPairLayout::threads, 1)
       } else {
         [[maybe_unused]] const float one[2] = {1.f, 1.f};  // dk's and dv's rows
         [[maybe_unused]] const bool phi_used = p.feature_map != FeatureMap::kIdentity;  // dq, dk times phi'
-        if constexpr (kDq) write(p.dq, phi_used, wg_dphi_rows(feat.q, p.q), wt.wr);
-        if constexpr (kDk) write(p.dk, phi_used, wg_dphi_rows(feat.k, p.k), one);
+        if constexpr (kDq) write(p.dq, phi_used, dphi_rows(feat.q, p.q), wt.wr);
+        if constexpr (kDk) write(p.dk, phi_used, dphi_rows(feat.k, p.k), one);
         if constexpr (Info::dv_like) write(p.dv, false, p.k, one);
       }
     };

@@ -306,7 +306,7 @@ __device__ __forceinline__ bool wg_aligned16(const MutView& out) {
 // overwrites only its own 16 rows after its own wgmma wait: warp w's share of an m64 product reads A
 // rows [16w, 16w + 16) (on its own sub-partition's tensor core), which the PTX ISA does not spell out;
 // the bitwise A/B against the direct stores is the check. The views come by value (see tc_view).
-// phi' multiplies in fp32 before the rounding. It comes from phi_rows (wg_dphi_rows): phi(q) or
+// phi' multiplies in fp32 before the rounding. It comes from phi_rows (dphi_rows): phi(q) or
 // phi(k) in the workspace where the feature pass wrote them, which elu1 always has on these sweeps
 // (its phi' is then min(phi, 1), no exp), else the raw input (relu applied in the sweeps, whose
 // phi' reads alike from either). Its elements are loaded Batch pairs at a time

@@ -70,6 +70,17 @@ __device__ __forceinline__ A dphi_of_phi(FeatureMap fm, A y) {
   }
 }
 
+// phi and phi' of an element x of the op's q or k. The chunk backward with p.phi_given reads
+// phi(q), phi(k) in their place (autograd saved them): phi is then x itself, phi' comes from it.
+template <class A>
+__device__ __forceinline__ A phi_of_input(const LinearAttnParams& p, A x) {
+  return p.phi_given ? x : phi(p.feature_map, x);
+}
+template <class A>
+__device__ __forceinline__ A dphi_of_input(const LinearAttnParams& p, A x) {
+  return p.phi_given ? dphi_of_phi(p.feature_map, x) : dphi(p.feature_map, x);
+}
+
 // ---- geometry -----------------------------------------------------------------------------------
 struct Seq {
   int64_t b, t0, len;

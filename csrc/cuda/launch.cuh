@@ -192,11 +192,39 @@ struct SweepFork {
 Status fork_sweeps(void* main, SweepFork& fork);
 Status join_sweeps(void* main, const SweepFork& fork);
 
+// phi(q) and phi(k) into contiguous rows fq [B, T, H, K] and fk [B, T, Hkv, K], 8 elements per
+// thread (feature_map_kernel: K % 8 == 0, 16-byte aligned rows, bf16 or fp16). The feature pass of
+// the tensor-core sweeps, and linear_attn_features where those requirements hold.
+template <class T>
+Status launch_feature_pass(const LinearAttnParams& p, T* fq, T* fk) {
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const int threads = 256;
+  const int64_t blocks_cap = int64_t(sm_count()) * 8;
+  for (int which = 0; which < 2; ++which) {
+    const int64_t H = which == 0 ? p.num_heads : p.num_kv_heads;
+    const int64_t pieces = feature_elems(p, H) / 8;
+    if (pieces == 0) continue;
+    const unsigned blocks = static_cast<unsigned>(std::min(blocks_cap, (pieces + threads - 1) / threads));
+    feature_map_kernel<T><<<blocks, threads, 0, stream>>>(which == 0 ? p.q : p.k, p.batch, p.seqlen, H, p.head_dim_k,
+                                                          p.feature_map, which == 0 ? fq : fk);
+    const Status s = check_launch("chunk_linear_attn feature map");
+    if (s != Status::kSuccess) return s;
+  }
+  return Status::kSuccess;
+}
+
 // phi(q) and phi(k) into the workspace (TcFeatures), or the map for the wgmma sweeps to apply
 // themselves (relu_in_sweep); neither without a feature map, and no pass without a workspace.
+// With p.phi_given (the backward of a forward whose autograd saved phi(q), phi(k)) q and k are
+// those rows already: the sweeps read them as the pass's, no pass.
 template <class T>
 Status compute_features(const LinearAttnParams& p, bool backward, TcFeatures& feat) {
   feat = TcFeatures{};
+  if (p.phi_given && p.feature_map != FeatureMap::kIdentity) {
+    feat.q = p.q;
+    feat.k = p.k;
+    return Status::kSuccess;
+  }
   if (relu_in_sweep_planned(p, backward)) {
     feat.relu_in_sweep = true;
     return Status::kSuccess;
@@ -206,19 +234,8 @@ Status compute_features(const LinearAttnParams& p, bool backward, TcFeatures& fe
   const int64_t K = p.head_dim_k, T_ = p.seqlen;
   T* fq = reinterpret_cast<T*>(base);
   T* fk = reinterpret_cast<T*>(base + round256(feature_elems(p, p.num_heads) * int64_t(sizeof(T))));
-  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  const int threads = 256;
-  const int64_t blocks_cap = int64_t(sm_count()) * 8;
-  for (int which = 0; which < 2; ++which) {
-    const int64_t H = which == 0 ? p.num_heads : p.num_kv_heads;
-    const int64_t pieces = feature_elems(p, H) / 8;
-    if (pieces == 0) continue;
-    const unsigned blocks = static_cast<unsigned>(std::min(blocks_cap, (pieces + threads - 1) / threads));
-    feature_map_kernel<T><<<blocks, threads, 0, stream>>>(which == 0 ? p.q : p.k, p.batch, T_, H, K, p.feature_map,
-                                                          which == 0 ? fq : fk);
-    const Status s = check_launch("chunk_linear_attn feature map");
-    if (s != Status::kSuccess) return s;
-  }
+  const Status s = launch_feature_pass<T>(p, fq, fk);
+  if (s != Status::kSuccess) return s;
   feat.q = ConstView{fq, T_ * p.num_heads * K, p.num_heads * K, K};
   feat.k = ConstView{fk, T_ * p.num_kv_heads * K, p.num_kv_heads * K, K};
   return Status::kSuccess;

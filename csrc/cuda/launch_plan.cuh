@@ -144,7 +144,7 @@ inline bool relu_in_sweep_planned(const LinearAttnParams& p, bool backward) {
   return enabled && p.feature_map == FeatureMap::kRelu && !fused_dkv64_normalized && wgmma_planned(p, backward);
 }
 // With elu1 only on phi(q), phi(k) from the workspace: the sweeps' epilogues take elu1's phi' from
-// them (wg_dphi_rows).
+// them (dphi_rows).
 inline bool wgmma_sweeps(const LinearAttnParams& p, bool backward, const TcFeatures& feat) {
   return wgmma_planned(p, backward) &&
          (p.feature_map == FeatureMap::kIdentity || feat.q.data != nullptr || feat.relu_in_sweep);
@@ -293,7 +293,8 @@ inline int64_t partial_bytes(const LinearAttnParams& p, bool backward) {
 }
 inline int64_t feature_elems(const LinearAttnParams& p, int64_t heads) { return p.batch * p.seqlen * heads * p.head_dim_k; }
 inline int64_t feature_bytes(const LinearAttnParams& p, bool backward) {
-  if (p.feature_map == FeatureMap::kIdentity || !tensor_core_sweep(p, backward) || relu_in_sweep_planned(p, backward))
+  if (p.feature_map == FeatureMap::kIdentity || p.phi_given || !tensor_core_sweep(p, backward) ||
+      relu_in_sweep_planned(p, backward))
     return 0;
   const int64_t elem = 2;  // bf16/fp16: the tensor-core dtypes
   return round256(feature_elems(p, p.num_heads) * elem) + round256(feature_elems(p, p.num_kv_heads) * elem);

@@ -168,6 +168,58 @@ bool chunk_fwd_writes_den(const LinearAttnParams& p) {
 
 int64_t chunk_fwd_segment_state_floats(const LinearAttnParams& p) { return fwd_states_for_dq_floats(p); }
 
+bool chunk_saves_features(const LinearAttnParams& p) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ATTNRNN_SAVE_FEATURES");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  return enabled && feature_bytes(p, false) > 0 && feature_bytes(p, true) > 0;
+}
+
+namespace {
+
+// phi of every element of a [B, T, heads, K] view into a contiguous copy, one element per thread
+// and step: linear_attn_features where feature_map_kernel's requirements do not hold.
+template <class T>
+__global__ void feature_map_elements_kernel(const ConstView in, int64_t B, int64_t Tn, int64_t heads, int64_t K,
+                                            FeatureMap fm, T* out) {
+  using A = typename AccOf<T>::type;
+  const int64_t total = B * Tn * heads * K;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += gridDim.x * int64_t(blockDim.x)) {
+    const int64_t r = i / K, h = r % heads, t = r / heads % Tn, b = r / heads / Tn;
+    out[i] = from_acc<T, A>(phi(fm, to_acc<A>(row<T>(in, b, t, h)[i % K])));
+  }
+}
+
+template <class T>
+Status launch_features(const LinearAttnParams& p, T* fq, T* fk) {
+  constexpr bool k16bit = sizeof(T) == 2;
+  if constexpr (k16bit) {
+    if (p.head_dim_k % 8 == 0 && aligned16(p.q) && aligned16(p.k)) return launch_feature_pass<T>(p, fq, fk);
+  }
+  const int threads = 256;
+  const int64_t blocks_cap = int64_t(sm_count()) * 8;
+  for (int which = 0; which < 2; ++which) {
+    const int64_t H = which == 0 ? p.num_heads : p.num_kv_heads, total = feature_elems(p, H);
+    if (total == 0) continue;
+    const unsigned blocks = static_cast<unsigned>(std::min(blocks_cap, (total + threads - 1) / threads));
+    feature_map_elements_kernel<T><<<blocks, threads, 0, static_cast<cudaStream_t>(p.stream)>>>(
+        which == 0 ? p.q : p.k, p.batch, p.seqlen, H, p.head_dim_k, p.feature_map, which == 0 ? fq : fk);
+    const Status s = check_launch("linear_attn_features");
+    if (s != Status::kSuccess) return s;
+  }
+  return Status::kSuccess;
+}
+
+}  // namespace
+
+Status features(const LinearAttnParams& p, void* phi_q, void* phi_k) {
+  return dispatch_dtype(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    return launch_features<T>(p, static_cast<T*>(phi_q), static_cast<T*>(phi_k));
+  });
+}
+
 Status chunk_fwd(const LinearAttnParams& p) {
   return dispatch_dtype(p.dtype, [&](auto t) { return launch_chunk_fwd<decltype(t)>(p, false); });
 }

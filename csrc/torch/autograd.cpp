@@ -13,8 +13,12 @@
 // the CUDA backward then skips its sweep over the sequence for them, as FlashAttention keeps the
 // softmax's log-sum-exp); the backward kernels recompute the states they need, but for the segment
 // states of a split CUDA forward at K = V = 128 without normalize, which the forward writes for dq's
-// sweep (new_segment_states). The backward ops are differentiable once (create_graph=True records
-// them), but differentiating them again raises instead of silently treating their results as constants.
+// sweep (new_segment_states). Where the CUDA forward and backward would each run a feature pass over
+// q and k (elu1 on the tensor-core sweeps), the forward writes phi(q), phi(k) once (the features
+// operator), runs on them with the identity map and saves them instead of q and k: the backward
+// reads them with phi_given and runs no pass (saves_features). The backward ops are differentiable
+// once (create_graph=True records them), but differentiating them again raises instead of silently
+// treating their results as constants.
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/ops/zeros.h>  // zeros_symint
@@ -76,10 +80,10 @@ BackwardResult call_backward(const at::Tensor& dout, const OptTensor& o, const O
                              const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
                              const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
                              std::string_view feature_map, bool normalize, int64_t chunk_size, const OptTensor& den,
-                             const OptTensor& segment_states) {
+                             const OptTensor& segment_states, bool phi_given) {
   if constexpr (Form::kHasChunkSize) {
     return operators::chunk_bwd().call(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
-                                       normalize, chunk_size, den, segment_states);
+                                       normalize, chunk_size, den, segment_states, phi_given);
   } else {
     return operators::recurrent_bwd().call(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map,
                                            normalize);
@@ -102,10 +106,11 @@ struct BackwardFunction : torch::autograd::Function<BackwardFunction<Form>> {
                                const OptTensor& dz, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const OptTensor& S0, const OptTensor& z0, const OptTensor& cu_seqlens, double scale,
                                double eps, std::string_view feature_map, bool normalize, int64_t chunk_size,
-                               const OptTensor& den, const OptTensor& segment_states) {
+                               const OptTensor& den, const OptTensor& segment_states, bool phi_given) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [dq, dk, dv, dS0, dz0] = call_backward<Form>(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps,
-                                                      feature_map, normalize, chunk_size, den, segment_states);
+                                                      feature_map, normalize, chunk_size, den, segment_states,
+                                                      phi_given);
     return {dq, dk, dv, dS0, dz0};
   }
 
@@ -142,14 +147,15 @@ BackwardResult backward_op(const at::Tensor& dout, const OptTensor& o, const Opt
                            const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
                            const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
                            std::string_view feature_map, bool normalize, int64_t chunk_size, const OptTensor& den,
-                           const OptTensor& segment_states) {
+                           const OptTensor& segment_states, bool phi_given) {
   if (!torch::autograd::GradMode::is_enabled() && !has_forward_grad(dout, o, dS, dz, q, k, v, S0, z0)) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return call_backward<Form>(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize,
-                               chunk_size, den, segment_states);
+                               chunk_size, den, segment_states, phi_given);
   }
   const variable_list g = BackwardFunction<Form>::apply(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps,
-                                                        feature_map, normalize, chunk_size, den, segment_states);
+                                                        feature_map, normalize, chunk_size, den, segment_states,
+                                                        phi_given);
   return {g[0], g[1], g[2], g[3], g[4]};
 }
 
@@ -157,18 +163,32 @@ BackwardResult backward_op(const at::Tensor& dout, const OptTensor& o, const Opt
 // chunk_fwd_with_segment_states, chunk_fwd_segment_state_floats: CUDA, K = V = 128 without
 // normalize, split sweeps), a tensor for them; nothing elsewhere, and nothing for tensor subclasses and fake tensors (torch.compile's
 // tracing), whose shapes a fake kernel could not tell: a compiled graph recomputes them instead.
-OptTensor new_segment_states(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& cu_seqlens,
-                             std::string_view feature_map, bool normalize, int64_t chunk_size) {
+// Plain CUDA tensors outside any dispatch mode: no subclass, fake tensor, functionalization or
+// functorch wrapper, whose graphs must not depend on what this call's plan would save.
+bool plain_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const auto plain = [](const at::Tensor& t) {
     const c10::DispatchKeySet keys = t.key_set();
     return t.is_cuda() && !keys.has(c10::DispatchKey::Python) && !keys.has(c10::DispatchKey::Functionalize) &&
            !keys.has(c10::DispatchKey::FuncTorchBatched) && !keys.has(c10::DispatchKey::FuncTorchGradWrapper);
   };
-  if (normalize || c10::impl::dispatch_mode_enabled() || !plain(q) || !plain(k) || !plain(v)) return std::nullopt;
+  return !c10::impl::dispatch_mode_enabled() && plain(q) && plain(k) && plain(v);
+}
+
+OptTensor new_segment_states(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& cu_seqlens,
+                             std::string_view feature_map, bool normalize, int64_t chunk_size) {
+  if (normalize || !plain_cuda(q, k, v)) return std::nullopt;
   const int64_t floats =
       attnrnn::aten::chunk_fwd_segment_state_floats(q, k, v, cu_seqlens, feature_map, normalize, chunk_size);
   if (floats == 0) return std::nullopt;
   return at::empty({floats}, q.options().dtype(at::kFloat));
+}
+
+// Whether the forward saves phi(q), phi(k) for the backward (chunk_saves_features), for plain CUDA
+// tensors only: a traced graph keeps q and k.
+bool saves_features(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& cu_seqlens,
+                    std::string_view feature_map, bool normalize, int64_t chunk_size) {
+  return feature_map != "identity" && plain_cuda(q, k, v) &&
+         attnrnn::aten::chunk_saves_features(q, k, v, cu_seqlens, feature_map, normalize, chunk_size);
 }
 
 template <class Form>
@@ -179,18 +199,28 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
                                int64_t chunk_size, bool save_den) {
     ForwardResult out;
     OptTensor states;
+    // Where the forward and the backward would each run the feature pass, phi(q), phi(k) once here,
+    // the forward on them with the identity map, and those saved in place of q and k (the same
+    // memory): the backward reads them with phi_given instead of running its own pass.
+    at::Tensor q_in = q, k_in = k;
+    bool phi_given = false;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      if constexpr (Form::kHasChunkSize) states = new_segment_states(q, k, v, cu_seqlens, feature_map, normalize, chunk_size);
-      out = call_forward<Form>(q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
-                               chunk_size, save_den, states);
+      if constexpr (Form::kHasChunkSize) {
+        phi_given = saves_features(q, k, v, cu_seqlens, feature_map, normalize, chunk_size);
+        if (phi_given) std::tie(q_in, k_in) = operators::features().call(q, k, feature_map);
+        states = new_segment_states(q_in, k_in, v, cu_seqlens, feature_map, normalize, chunk_size);
+      }
+      out = call_forward<Form>(q_in, k_in, v, S0, z0, cu_seqlens, scale, eps, phi_given ? "identity" : feature_map,
+                               normalize, output_final_state, chunk_size, save_den, states);
     }
     const at::Tensor& o = std::get<0>(out);
     const at::Tensor& den = std::get<3>(out);
     const bool keep_o = normalize && q.is_cuda();
-    ctx->save_for_backward({q, k, v, S0.value_or(at::Tensor()), z0.value_or(at::Tensor()),
+    ctx->save_for_backward({q_in, k_in, v, S0.value_or(at::Tensor()), z0.value_or(at::Tensor()),
                             cu_seqlens.value_or(at::Tensor()), keep_o ? o : at::Tensor(), den,
                             states.value_or(at::Tensor())});
+    ctx->saved_data["phi_given"] = phi_given;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["feature_map"] = std::string(feature_map);
@@ -221,7 +251,8 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
         dout, present(saved[6]), state_grad(grads[1], output_final_state),
         state_grad(grads[2], output_final_state && normalize), q, k, v, present(S0), present(z0), present(saved[5]),
         ctx->saved_data["scale"].toDouble(), ctx->saved_data["eps"].toDouble(), std::string_view(feature_map),
-        normalize, ctx->saved_data["chunk_size"].toInt(), present(saved[7]), present(saved[8]));
+        normalize, ctx->saved_data["chunk_size"].toInt(), present(saved[7]), present(saved[8]),
+        ctx->saved_data["phi_given"].toBool());
     // One entry per forward argument: dq, dk, dv, the initial-state gradients, nothing for the rest.
     variable_list result(13);
     result[0] = dq;
@@ -275,7 +306,7 @@ BackwardResult recurrent_bwd(const at::Tensor& dout, const OptTensor& o, const O
                              const OptTensor& z0, const OptTensor& cu_seqlens, double scale, double eps,
                              std::string_view feature_map, bool normalize) {
   return backward_op<RecurrentForm>(dout, o, dS, dz, q, k, v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize,
-                                    0, std::nullopt, std::nullopt);
+                                    0, std::nullopt, std::nullopt, false);
 }
 
 // The decode step's Autograd kernel. The step writes the state in place and has no derivative, so a
@@ -306,9 +337,21 @@ at::Tensor softmax_attn_step(c10::DispatchKeySet keys, const at::Tensor& q, at::
                                                    cache_seqlens, k_new, v_new, scale, split_size);
 }
 
+// The features op's Autograd kernel: its rows are what autograd saves, not a differentiable result.
+std::tuple<at::Tensor, at::Tensor> features(c10::DispatchKeySet keys, const at::Tensor& q, const at::Tensor& k,
+                                            std::string_view feature_map) {
+  TORCH_CHECK(!(torch::autograd::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad())) &&
+                  !has_forward_grad(q, k),
+              "attnrnn features is not differentiable (it writes what the chunk forward saves for its backward); "
+              "apply the feature map with torch ops for gradients");
+  at::AutoDispatchBelowAutograd below_autograd;
+  return operators::features().redispatch(keys & c10::after_autograd_keyset, q, k, feature_map);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attnrnn, Autograd, m) {
+  m.impl("features", &features);
   m.impl("step", &step);
   m.impl("softmax_attn_step", &softmax_attn_step);
   m.impl("chunk_fwd", &chunk_fwd);

@@ -206,10 +206,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& dout, const OptTensor& o, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize,
-    int64_t chunk_size, const OptTensor& den, const OptTensor& segment_states, Launch launch, const char* op) {
+    int64_t chunk_size, const OptTensor& den, const OptTensor& segment_states, bool phi_given, Launch launch,
+    const char* op) {
   SequenceArgs a = sequence_args(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
                                  normalize, chunk_size, op);
   LinearAttnParams& p = a.params;
+  p.phi_given = phi_given;
   const int64_t N = a.num_states, Hkv = p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
   check_rank(dout, 4, op, "grad of o", "[B, T, H, V]");
   check_same_device(dout, q, op, "grad of o");
@@ -297,6 +299,44 @@ int64_t chunk_fwd_segment_state_floats(const at::Tensor& q, const at::Tensor& k,
   return linear_attn_chunk_fwd_segment_state_floats(a.params);
 }
 
+std::tuple<at::Tensor, at::Tensor> features(const at::Tensor& q, const at::Tensor& k, std::string_view feature_map) {
+  constexpr const char* op = "linear_attn features";
+  check_rank(q, 4, op, "q", "[B, T, H, K]");
+  check_rank(k, 4, op, "k", "[B, T, Hkv, K]");
+  check_same_device(k, q, op, "k");
+  LinearAttnParams p;
+  p.dtype = dtype_of(q, op, "q");
+  TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type(), op, ": k must have the dtype of q (", q.scalar_type(),
+                    "), got ", k.scalar_type());
+  TORCH_CHECK_VALUE(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), op,
+                    ": k must have the batch, length and head dim of q (", q.size(0), ", ", q.size(1), ", ",
+                    q.size(3), "), got shape ", shape_of(k));
+  check_unit_last_stride(q, op, "q");
+  check_unit_last_stride(k, op, "k");
+  set_device(p, q);
+  p.batch = q.size(0);
+  p.seqlen = q.size(1);
+  p.num_heads = q.size(2);
+  p.num_kv_heads = k.size(2);
+  p.head_dim_k = q.size(3);
+  p.q = const_view(q);
+  p.k = const_view(k);
+  p.feature_map = parse_feature_map(feature_map, op);
+  const c10::DeviceGuard guard(q.device());
+  at::Tensor phi_q = at::empty(q.sizes(), q.options()), phi_k = at::empty(k.sizes(), k.options());
+  check_status(linear_attn_features(p, phi_q.data_ptr(), phi_k.data_ptr()), op);
+  return {phi_q, phi_k};
+}
+
+bool chunk_saves_features(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& cu_seqlens,
+                          std::string_view feature_map, bool normalize, int64_t chunk_size) {
+  if (!q.is_cuda()) return false;
+  const SequenceArgs a = sequence_args(q, k, v, std::nullopt, std::nullopt, cu_seqlens, 1.0, 1e-6, feature_map,
+                                       normalize, chunk_size, "chunk_linear_attn");
+  const c10::DeviceGuard guard(q.device());  // the plan asks the current device
+  return linear_attn_chunk_saves_features(a.params);
+}
+
 constexpr int64_t kRecurrentChunk = 1;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(
@@ -315,9 +355,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd
     const at::Tensor& dout, const OptTensor& o, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize,
-    int64_t chunk_size, const OptTensor& den, const OptTensor& segment_states) {
+    int64_t chunk_size, const OptTensor& den, const OptTensor& segment_states, bool phi_given) {
   return backward(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
-                  feature_map, normalize, chunk_size, den, segment_states, chunk_linear_attn_bwd,
+                  feature_map, normalize, chunk_size, den, segment_states, phi_given, chunk_linear_attn_bwd,
                   "chunk_linear_attn backward");
 }
 
@@ -326,8 +366,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrent
     const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize) {
   return backward(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
-                  feature_map, normalize, kRecurrentChunk, std::nullopt, std::nullopt, recurrent_linear_attn_bwd,
-                  "recurrent_linear_attn backward");
+                  feature_map, normalize, kRecurrentChunk, std::nullopt, std::nullopt, false,
+                  recurrent_linear_attn_bwd, "recurrent_linear_attn backward");
 }
 
 at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& S,

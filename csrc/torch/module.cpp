@@ -187,12 +187,11 @@ PyObject* softmax_attn_step(PyObject*, PyObject* const* items, Py_ssize_t count)
   return THPVariable_Wrap(std::move(o));
 }
 
-// chunk_fwd_segment_state_floats(q, k, v, cu_seqlens, feature_map, normalize, chunk_size) -> int:
-// the size of chunk_fwd_with_segment_states' buffer for these inputs, 0 where the forward saves none
-// (attnrnn/torch.h). The autograd kernel sizes it in C++; Python asks for tests of the operator.
-PyObject* chunk_fwd_segment_state_floats(PyObject*, PyObject* const* items, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
-  if (!check_count(count, 7, "chunk_fwd_segment_state_floats")) return nullptr;
+// The plan queries of attnrnn/torch.h, which take (q, k, v, cu_seqlens, feature_map, normalize,
+// chunk_size). The autograd kernel asks them in C++; Python asks for tests of the operators.
+template <class Query>
+PyObject* plan_query(PyObject* const* items, Py_ssize_t count, const char* name, Query query) {
+  if (!check_count(count, 7, name)) return nullptr;
   Args a{items};
   const at::Tensor *q = a.tensor(0), *k = a.tensor(1), *v = a.tensor(2);
   const OptTensor cu_seqlens = a.optional_tensor(3);
@@ -200,13 +199,31 @@ PyObject* chunk_fwd_segment_state_floats(PyObject*, PyObject* const* items, Py_s
   const bool normalize = a.boolean(5);
   const int64_t chunk_size = a.integer(6);
   if (!a.usable) {
-    PyErr_SetString(PyExc_TypeError,
-                    "chunk_fwd_segment_state_floats expects (Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens, "
-                    "str feature_map, bool normalize, int chunk_size)");
+    PyErr_Format(PyExc_TypeError,
+                 "%s expects (Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens, str feature_map, bool normalize, "
+                 "int chunk_size)",
+                 name);
     return nullptr;
   }
-  return PyLong_FromLongLong(
-      attnrnn::aten::chunk_fwd_segment_state_floats(*q, *k, *v, cu_seqlens, feature_map, normalize, chunk_size));
+  return query(*q, *k, *v, cu_seqlens, feature_map, normalize, chunk_size);
+}
+
+// chunk_fwd_segment_state_floats(...) -> int: the size of chunk_fwd_with_segment_states' buffer for
+// these inputs, 0 where the forward saves none.
+PyObject* chunk_fwd_segment_state_floats(PyObject*, PyObject* const* items, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  return plan_query(items, count, "chunk_fwd_segment_state_floats", [](const auto&... args) {
+    return PyLong_FromLongLong(attnrnn::aten::chunk_fwd_segment_state_floats(args...));
+  });
+  END_HANDLE_TH_ERRORS
+}
+
+// chunk_saves_features(...) -> bool: whether autograd saves phi(q), phi(k) for chunk_bwd's phi_given.
+PyObject* chunk_saves_features(PyObject*, PyObject* const* items, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  return plan_query(items, count, "chunk_saves_features", [](const auto&... args) {
+    return PyBool_FromLong(attnrnn::aten::chunk_saves_features(args...));
+  });
   END_HANDLE_TH_ERRORS
 }
 
@@ -220,6 +237,8 @@ PyMethodDef methods[] = {
     {"chunk_fwd_segment_state_floats",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_fwd_segment_state_floats)), METH_FASTCALL,
      "Elements of chunk_fwd_with_segment_states' buffer for these inputs (0: the forward saves none)."},
+    {"chunk_saves_features", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_saves_features)),
+     METH_FASTCALL, "Whether autograd saves phi(q), phi(k) for chunk_bwd (phi_given) instead of q and k."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef attnrnn_module = {PyModuleDef_HEAD_INIT, "_C", "attnrnn operator registrations and eager calls", -1,

@@ -30,7 +30,8 @@ using RecurrentFwd = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Te
 using ChunkBwd = BackwardResult(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
                                 const OptTensor&, const OptTensor&, double, double, std::string_view, bool, int64_t,
-                                const OptTensor&, const OptTensor&);
+                                const OptTensor&, const OptTensor&, bool);
+using Features = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, std::string_view);
 using RecurrentBwd = BackwardResult(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
                                     const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
                                     const OptTensor&, const OptTensor&, double, double, std::string_view, bool);
@@ -59,6 +60,10 @@ inline const auto& recurrent_fwd() {
 }
 inline const auto& chunk_bwd() {
   static const auto op = find<ChunkBwd>("attnrnn::chunk_bwd");
+  return op;
+}
+inline const auto& features() {
+  static const auto op = find<Features>("attnrnn::features");
   return op;
 }
 inline const auto& recurrent_bwd() {

@@ -29,8 +29,11 @@ TORCH_LIBRARY(attnrnn, m) {
   m.def(
       "chunk_bwd(Tensor dout, Tensor? o, Tensor? d_final_S, Tensor? d_final_z, Tensor q, Tensor k, Tensor v, "
       "Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, float scale, float eps, str feature_map, "
-      "bool normalize, int chunk_size, Tensor? den=None, Tensor? segment_states=None) "
+      "bool normalize, int chunk_size, Tensor? den=None, Tensor? segment_states=None, bool phi_given=False) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // phi(q), phi(k) for chunk_bwd's phi_given: what the autograd kernel saves instead of q and k where
+  // chunk_saves_features() (csrc/torch/autograd.cpp).
+  m.def("features(Tensor q, Tensor k, str feature_map) -> (Tensor, Tensor)");
   m.def(
       "recurrent_fwd(Tensor q, Tensor k, Tensor v, Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, "
       "float scale, float eps, str feature_map, bool normalize, bool output_final_state) "
@@ -61,6 +64,7 @@ void register_impls(torch::Library& m) {
   m.impl("chunk_fwd", &attnrnn::aten::chunk_fwd);
   m.impl("chunk_fwd_with_segment_states", &attnrnn::aten::chunk_fwd_with_segment_states);
   m.impl("chunk_bwd", &attnrnn::aten::chunk_bwd);
+  m.impl("features", &attnrnn::aten::features);
   m.impl("recurrent_fwd", &attnrnn::aten::recurrent_fwd);
   m.impl("recurrent_bwd", &attnrnn::aten::recurrent_bwd);
   m.impl("step", &attnrnn::aten::step);

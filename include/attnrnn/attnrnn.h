@@ -118,6 +118,11 @@ struct LinearAttnParams {
   // over the segments where its split matches the forward's; other backwards ignore it. On the
   // backward's stream after the forward that wrote it (stream order, as for den_in).
   const float* segment_states_in = nullptr;
+  // chunk_linear_attn_bwd only: q and k hold phi(q) and phi(k) already, as linear_attn_features
+  // writes them (autograd saves those instead of q and k where linear_attn_chunk_saves_features is
+  // true). phi is then not applied again, and phi' is taken from phi: elu1's min(phi, 1), relu's
+  // 1 where phi > 0. dq and dk are still the gradients of the raw q and k. The other ops refuse it.
+  bool phi_given = false;
 
   double scale = 1.0;
   double eps = 1e-6;
@@ -180,6 +185,19 @@ bool linear_attn_chunk_fwd_writes_den(const LinearAttnParams& params);
 // dq sweep split the sequences into the same segments (few (sequence, kv head) pairs, long T).
 // Depends on the shapes, dtype, options, alignment of q, k, v and the device.
 int64_t linear_attn_chunk_fwd_segment_state_floats(const LinearAttnParams& params);
+
+// phi(q) and phi(k) of params.q and params.k under params.feature_map into phi_q [B, T, H, K] and
+// phi_k [B, T, Hkv, K] (contiguous, params.dtype; on params.stream for CUDA): phi in float32
+// (float64 for float64 inputs) of each element, rounded to nearest, the values the CUDA chunk
+// kernels' own feature pass computes. Reads batch, seqlen, the heads, head_dim_k, q, k, dtype.
+Status linear_attn_features(const LinearAttnParams& params, void* phi_q, void* phi_k);
+
+// True where chunk_linear_attn_fwd and chunk_linear_attn_bwd on CUDA would each run a pass that
+// writes phi(q), phi(k) (the tensor-core sweeps with a feature map they do not apply themselves:
+// elu1, and relu where the wgmma sweeps do not take it in). Autograd then saves phi(q), phi(k) for
+// the backward (linear_attn_features, params.phi_given) instead of q and k: the same memory, one
+// pass less. False on the CPU, with the identity map, and with params.phi_given set.
+bool linear_attn_chunk_saves_features(const LinearAttnParams& params);
 
 // True when the library was built with its CUDA kernels.
 bool built_with_cuda();

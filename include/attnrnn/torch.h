@@ -44,9 +44,20 @@ int64_t chunk_fwd_segment_state_floats(const at::Tensor& q, const at::Tensor& k,
                                        const std::optional<at::Tensor>& cu_seqlens,
                                        std::string_view feature_map, bool normalize, int64_t chunk_size);
 
+// phi(q), phi(k) under feature_map as contiguous tensors of q's dtype: the rows the CUDA chunk
+// kernels' feature pass writes. Not differentiable (autograd calls it for what it saves).
+std::tuple<at::Tensor, at::Tensor> features(const at::Tensor& q, const at::Tensor& k, std::string_view feature_map);
+
+// Whether autograd saves features(q, k) for chunk_bwd (phi_given) instead of q and k: on CUDA where
+// the forward and the backward would each run the feature pass (linear_attn_chunk_saves_features).
+bool chunk_saves_features(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& cu_seqlens, std::string_view feature_map, bool normalize,
+                          int64_t chunk_size);
+
 // o is the forward output (needed with normalize: the CUDA backward reads it instead of recomputing);
 // den the forward's den output (optional; an empty tensor counts as absent); segment_states the
-// tensor the forward wrote its segment states to (optional).
+// tensor the forward wrote its segment states to (optional). phi_given: q and k are features(q, k)
+// of the forward's inputs; dq and dk are still the gradients of those inputs.
 // -> (dq, dk, dv, d_initial_S, d_initial_z)
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd(
     const at::Tensor& dout, const std::optional<at::Tensor>& o, const std::optional<at::Tensor>& d_final_S,
@@ -55,7 +66,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd
     const std::optional<at::Tensor>& initial_z, const std::optional<at::Tensor>& cu_seqlens,
     double scale, double eps, std::string_view feature_map, bool normalize, int64_t chunk_size,
     const std::optional<at::Tensor>& den = std::nullopt,
-    const std::optional<at::Tensor>& segment_states = std::nullopt);
+    const std::optional<at::Tensor>& segment_states = std::nullopt, bool phi_given = false);
 
 // The token-by-token forms: same arguments without chunk_size.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(

@@ -130,9 +130,18 @@ def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normal
 
 @torch.library.register_fake("attnrnn::chunk_bwd")
 def _(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
-      normalize, chunk_size, den=None, segment_states=None):
+      normalize, chunk_size, den=None, segment_states=None, phi_given=False):
     return _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, "chunk_linear_attn backward", dout, o, d_final_S,
                           d_final_z, den=den, segment_states=segment_states)
+
+
+@torch.library.register_fake("attnrnn::features")
+def _(q, k, feature_map):
+    op = "linear_attn features"
+    fake_check_rank(q, 4, op, "q", _LAYOUTS["q"])
+    fake_check_rank(k, 4, op, "k", _LAYOUTS["k"])
+    fake_check_devices(op, q, {"k": k})
+    return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
 @torch.library.register_fake("attnrnn::recurrent_bwd")

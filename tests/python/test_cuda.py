@@ -462,6 +462,31 @@ def test_relu_in_the_sweeps_equals_the_feature_pass(ar, tmp_path, wgmma):
     _assert_bitwise_but(None, PHI_CASES, in_sweep, pass_)
 
 
+# Saved features (the default) against the feature pass in the forward and again in the backward
+# (ATTNRNN_SAVE_FEATURES=0): autograd's forward writes phi(q), phi(k) with the pass's kernel, runs
+# on them with the identity map and the backward reads them (phi_given), so the sweeps, wgmma
+# (mask 63) or mma.sync (mask 0), see the same rows either way, phi' included, and every output is
+# bitwise equal. GQA, varlen, states, split sweeps, the forward's segment states for dq (K = V = 128
+# without normalize), both dtypes; relu, which is saved on the mma.sync sweeps only (the wgmma
+# forward applies it itself).
+SAVED_PHI_CASES = [
+    Case(2, 300, 4, 64, bf16, Hkv=2, initial_state=True, final_state=True),
+    Case(1, 333, 4, 128, fp16, Hkv=1, seqlens=(0, 64, 1, 200, 68)),
+    Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),  # split, normalize
+    Case(1, 5000, 2, 128, bf16, normalize=False, initial_state=True, final_state=True),  # dq on the forward's states
+    Case(1, 3000, 4, 64, bf16, Hkv=2, normalize=False),
+    Case(2, 300, 4, 64, bf16, feature_map="relu"),
+]
+
+
+@pytest.mark.parametrize("wgmma", ["63", "0"], ids=["wgmma-sweeps", "mma-sync-sweeps"])
+def test_saved_features_equal_a_second_feature_pass(ar, tmp_path, wgmma):
+    saved = _sweeps_in_subprocess(tmp_path / "saved.pt", "SAVED_PHI_CASES", ATTNRNN_TC_WGMMA=wgmma)
+    two_passes = _sweeps_in_subprocess(tmp_path / "passes.pt", "SAVED_PHI_CASES", ATTNRNN_TC_WGMMA=wgmma,
+                                       ATTNRNN_SAVE_FEATURES="0")
+    _assert_bitwise_but(None, SAVED_PHI_CASES, saved, two_passes)
+
+
 # The comparison above would pass if neither run applied relu in the sweeps: by default a
 # forward+backward with relu at a wgmma shape runs no feature_map_kernel, and one with elu1 runs the
 # pass (its exp in the sweeps measured slower than the pass: launch_plan.cuh).

@@ -99,6 +99,30 @@ inline void load_phi(FeatureMap fm, const T* __restrict src, int64_t n, A scale,
   }
 }
 
+// phi'(x) from y = phi(x): elu1's min(y, 1) (y = exp(x) <= 1 where x <= 0, x + 1 > 1 elsewhere),
+// relu's 1 where y > 0. NaN gives NaN (elu1) or 0 (relu), as phi'(x) of a NaN x.
+template <class A>
+inline A dphi_of_phi(FeatureMap fm, A y) {
+  switch (fm) {
+    case FeatureMap::kElu1: return y > A(1) ? A(1) : y;
+    case FeatureMap::kRelu: return y > A(0) ? A(1) : A(0);
+    default: return A(1);
+  }
+}
+
+// load_phi of an op's q or k rows. With p.phi_given they hold phi already (the chunk backward
+// after linear_attn_features): dst[i] = scale * y and dphi[i] = scale * phi' from y.
+template <class T, class A>
+inline void load_phi(const LinearAttnParams& p, const T* __restrict src, int64_t n, A scale, A* __restrict dst,
+                     A* __restrict dphi) {
+  if (!p.phi_given) return load_phi(p.feature_map, src, n, scale, dst, dphi);
+  for (int64_t i = 0; i < n; ++i) {
+    const A y = static_cast<A>(to_float(src[i]));
+    dst[i] = scale * y;
+    if (dphi != nullptr) dphi[i] = scale * dphi_of_phi(p.feature_map, y);
+  }
+}
+
 template <class T, class A>
 inline void load_row(const T* __restrict src, int64_t n, A* __restrict dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(to_float(src[i]));

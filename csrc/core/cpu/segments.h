@@ -94,7 +94,7 @@ std::vector<acc_t<T>> segment_starts(const LinearAttnParams& p, const Dims& d, i
       for (int64_t c0 = sg.chunk_begin * C; c0 < std::min(seq.len, sg.chunk_end * C); c0 += C) {
         const int64_t L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
         for (int64_t i = 0; i < L; ++i) {
-          load_phi(p.feature_map, at<T>(p.k, seq.b, t0 + i, g), K, A(1), &kp[i * K],
+          load_phi(p, at<T>(p.k, seq.b, t0 + i, g), K, A(1), &kp[i * K],
                    static_cast<A*>(nullptr));
           load_row(at<T>(p.v, seq.b, t0 + i, g), V, &v[i * V]);
           for (int64_t k = 0; k < K; ++k) out[KV + k] += kp[i * K + k];
