@@ -247,12 +247,19 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
     const std::string feature_map = ctx->saved_data["feature_map"].toStringRef();
     const bool normalize = ctx->saved_data["normalize"].toBool();
     const bool output_final_state = ctx->saved_data["output_final_state"].toBool();
+    const bool phi_given = ctx->saved_data["phi_given"].toBool();
+    // Saved phi rows have no history: under create_graph they stand in for q and k as inputs that
+    // require grad, so that the backward's node is recorded and a second derivative through dq or dk
+    // raises instead of treating them as constants.
+    const bool keep_node = phi_given && torch::autograd::GradMode::is_enabled();
+    const at::Tensor q_in = keep_node ? q.detach().requires_grad_(ctx->needs_input_grad(0)) : q;
+    const at::Tensor k_in = keep_node ? k.detach().requires_grad_(ctx->needs_input_grad(1)) : k;
     const auto [dq, dk, dv, dS0, dz0] = backward_op<Form>(
         dout, present(saved[6]), state_grad(grads[1], output_final_state),
-        state_grad(grads[2], output_final_state && normalize), q, k, v, present(S0), present(z0), present(saved[5]),
-        ctx->saved_data["scale"].toDouble(), ctx->saved_data["eps"].toDouble(), std::string_view(feature_map),
-        normalize, ctx->saved_data["chunk_size"].toInt(), present(saved[7]), present(saved[8]),
-        ctx->saved_data["phi_given"].toBool());
+        state_grad(grads[2], output_final_state && normalize), q_in, k_in, v, present(S0), present(z0),
+        present(saved[5]), ctx->saved_data["scale"].toDouble(), ctx->saved_data["eps"].toDouble(),
+        std::string_view(feature_map), normalize, ctx->saved_data["chunk_size"].toInt(), present(saved[7]),
+        present(saved[8]), phi_given);
     // One entry per forward argument: dq, dk, dv, the initial-state gradients, nothing for the rest.
     variable_list result(13);
     result[0] = dq;

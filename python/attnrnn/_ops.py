@@ -137,10 +137,18 @@ def _(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, 
 
 @torch.library.register_fake("attnrnn::features")
 def _(q, k, feature_map):
+    # The checks of attnrnn::aten::features, so that a traced call fails where the op would.
     op = "linear_attn features"
     fake_check_rank(q, 4, op, "q", _LAYOUTS["q"])
     fake_check_rank(k, 4, op, "k", _LAYOUTS["k"])
     fake_check_devices(op, q, {"k": k})
+    if k.dtype != q.dtype:
+        raise ValueError(f"{op}: k must have the dtype of q")  # the op names them as c10 does
+    if (k.shape[0], k.shape[1], k.shape[3]) != (q.shape[0], q.shape[1], q.shape[3]):
+        raise ValueError(f"{op}: k must have the batch, length and head dim of q "
+                         f"({q.shape[0]}, {q.shape[1]}, {q.shape[3]}), got shape {list(k.shape)}")
+    if feature_map not in ("identity", "elu1", "relu"):
+        raise ValueError(f"{op}: feature_map must be 'identity', 'elu1' or 'relu', got '{feature_map}'")
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 

@@ -471,6 +471,7 @@ def test_relu_in_the_sweeps_equals_the_feature_pass(ar, tmp_path, wgmma):
 # forward applies it itself).
 SAVED_PHI_CASES = [
     Case(2, 300, 4, 64, bf16, Hkv=2, initial_state=True, final_state=True),
+    Case(2, 300, 4, 64, bf16, V=128, noncontig=True),  # strided q, k, v: the features op reads them
     Case(1, 333, 4, 128, fp16, Hkv=1, seqlens=(0, 64, 1, 200, 68)),
     Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),  # split, normalize
     Case(1, 5000, 2, 128, bf16, normalize=False, initial_state=True, final_state=True),  # dq on the forward's states
@@ -479,8 +480,29 @@ SAVED_PHI_CASES = [
 ]
 
 
+_SAVES_RUN = """
+import sys, torch
+sys.path[:0] = sys.argv[2:]
+import attnrnn
+from cases import make_inputs
+import test_cuda
+flags = []
+for c in test_cuda.SAVED_PHI_CASES:
+    inp = make_inputs(c, "cuda")
+    flags.append(attnrnn._C.chunk_saves_features(inp["q"], inp["k"], inp["v"], inp.get("cu_seqlens"),
+                                                 c.feature_map, c.normalize, 0))
+torch.save(flags, sys.argv[1])
+"""
+
+
+@pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0), reason="the wgmma sweeps need sm_90a")
 @pytest.mark.parametrize("wgmma", ["63", "0"], ids=["wgmma-sweeps", "mma-sync-sweeps"])
 def test_saved_features_equal_a_second_feature_pass(ar, tmp_path, wgmma):
+    # Every elu1 case saves its features under both masks; relu only on the mma.sync sweeps.
+    subprocess.run([sys.executable, "-c", _SAVES_RUN, str(tmp_path / "flags.pt"), *sys.path],
+                   env=dict(os.environ, ATTNRNN_TC_WGMMA=wgmma), check=True)
+    expected = [c.feature_map == "elu1" or wgmma == "0" for c in SAVED_PHI_CASES]
+    assert torch.load(tmp_path / "flags.pt") == expected
     saved = _sweeps_in_subprocess(tmp_path / "saved.pt", "SAVED_PHI_CASES", ATTNRNN_TC_WGMMA=wgmma)
     two_passes = _sweeps_in_subprocess(tmp_path / "passes.pt", "SAVED_PHI_CASES", ATTNRNN_TC_WGMMA=wgmma,
                                        ATTNRNN_SAVE_FEATURES="0")

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch.autograd import gradcheck
 
 from cases import Case, make_inputs
+from conftest import HAS_CUDA
 
 OPTIONS = [
     Case(2, 5, 2, 4, torch.float64, V=3, feature_map=None, normalize=True),
@@ -68,6 +69,21 @@ def test_double_backward_raises_instead_of_silent_zero(ar, op, device):
     assert dq.requires_grad
     with pytest.raises(NotImplementedError, match=f"double backward of attnrnn::{op}_bwd"):
         torch.autograd.grad(dq.sum(), q)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+def test_double_backward_raises_with_saved_features(ar):
+    """The same where autograd saves phi(q), phi(k) instead of q and k (CUDA, bf16, elu1; without
+    normalize o is not saved either, and o.sum() gives an upstream gradient with no history): the
+    saved rows have no history, yet the backward's node must still be recorded."""
+    case = Case(1, 256, 2, 64, torch.bfloat16, feature_map="elu1", normalize=False)
+    inp = make_inputs(case, "cuda")
+    q = inp["q"].detach().clone().requires_grad_()
+    o, _ = ar.chunk_linear_attn(q, inp["k"], inp["v"], **case.kwargs())
+    (dq,) = torch.autograd.grad(o.sum(), q, create_graph=True)
+    assert dq.requires_grad
+    with pytest.raises(NotImplementedError, match="double backward of attnrnn::chunk_bwd"):
+        torch.autograd.grad(dq.float().square().sum(), q)
 
 
 def test_softmax_double_backward_raises_instead_of_silent_zero(ar, device):
