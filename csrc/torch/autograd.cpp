@@ -200,8 +200,8 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
     ForwardResult out;
     OptTensor states;
     // Where the forward and the backward would each run the feature pass, phi(q), phi(k) once here,
-    // the forward on them with the identity map, and those saved in place of q and k (the same
-    // memory): the backward reads them with phi_given instead of running its own pass.
+    // the forward on them with the identity map, and those saved in place of q and k (tensors of
+    // their size): the backward reads them with phi_given instead of running its own pass.
     at::Tensor q_in = q, k_in = k;
     bool phi_given = false;
     {
