@@ -72,7 +72,7 @@ def test_double_backward_raises_instead_of_silent_zero(ar, op, device):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
-def test_double_backward_raises_with_saved_features(ar):
+def test_double_backward_on_cuda_raises_with_saved_features(ar):
     """The same where autograd saves phi(q), phi(k) instead of q and k (CUDA, bf16, elu1; without
     normalize o is not saved either, and o.sum() gives an upstream gradient with no history): the
     saved rows have no history, yet the backward's node must still be recorded."""

@@ -109,7 +109,7 @@ def test_autograd_saves_features_where_both_passes_would_run(ar, device, feature
 
 @pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0),
                     reason="the wgmma sweeps need sm_90a")
-def test_elu1_forward_and_backward_run_one_feature_pass(ar):
+def test_elu1_forward_and_backward_on_cuda_run_one_feature_pass(ar):
     q, k, v = (torch.randn(1, 4096, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
 
