@@ -191,6 +191,21 @@ bool saves_features(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
          attnrnn::aten::chunk_saves_features(q, k, v, cu_seqlens, feature_map, normalize, chunk_size);
 }
 
+// The gradient edges of q and k, kept where the forward saves phi(q), phi(k) in their place: under
+// create_graph the backward gives the phi rows these edges, so that its node leads back to q and k and
+// a second derivative through dq or dk reaches that node and raises. An edge holds q's grad_fn (or
+// its grad accumulator), not q's data.
+struct InputEdges : torch::CustomClassHolder {
+  torch::autograd::Edge q, k;
+};
+
+// phi rows standing in for an input in the backward's graph: detached, with the input's edge.
+at::Tensor with_edge(const at::Tensor& phi, const torch::autograd::Edge& edge) {
+  at::Tensor stand_in = phi.detach();
+  if (edge.is_valid()) torch::autograd::impl::set_gradient_edge(stand_in, edge);
+  return stand_in;
+}
+
 template <class Form>
 struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -221,6 +236,12 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
                             cu_seqlens.value_or(at::Tensor()), keep_o ? o : at::Tensor(), den,
                             states.value_or(at::Tensor())});
     ctx->saved_data["phi_given"] = phi_given;
+    if (phi_given) {
+      auto edges = c10::make_intrusive<InputEdges>();
+      if (q.requires_grad()) edges->q = torch::autograd::impl::gradient_edge(q);
+      if (k.requires_grad()) edges->k = torch::autograd::impl::gradient_edge(k);
+      ctx->saved_data["input_edges"] = c10::IValue::make_capsule(std::move(edges));
+    }
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["feature_map"] = std::string(feature_map);
@@ -248,12 +269,13 @@ struct SequenceFunction : torch::autograd::Function<SequenceFunction<Form>> {
     const bool normalize = ctx->saved_data["normalize"].toBool();
     const bool output_final_state = ctx->saved_data["output_final_state"].toBool();
     const bool phi_given = ctx->saved_data["phi_given"].toBool();
-    // Saved phi rows have no history: under create_graph they stand in for q and k as inputs that
-    // require grad, so that the backward's node is recorded and a second derivative through dq or dk
-    // raises instead of treating them as constants.
-    const bool keep_node = phi_given && torch::autograd::GradMode::is_enabled();
-    const at::Tensor q_in = keep_node ? q.detach().requires_grad_(ctx->needs_input_grad(0)) : q;
-    const at::Tensor k_in = keep_node ? k.detach().requires_grad_(ctx->needs_input_grad(1)) : k;
+    // Saved phi rows have no history: under create_graph they carry q's and k's edges (InputEdges).
+    at::Tensor q_in = q, k_in = k;
+    if (phi_given && torch::autograd::GradMode::is_enabled()) {
+      const auto edges = c10::static_intrusive_pointer_cast<InputEdges>(ctx->saved_data["input_edges"].toCapsule());
+      q_in = with_edge(q, edges->q);
+      k_in = with_edge(k, edges->k);
+    }
     const auto [dq, dk, dv, dS0, dz0] = backward_op<Form>(
         dout, present(saved[6]), state_grad(grads[1], output_final_state),
         state_grad(grads[2], output_final_state && normalize), q_in, k_in, v, present(S0), present(z0),

@@ -72,18 +72,21 @@ def test_double_backward_raises_instead_of_silent_zero(ar, op, device):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
-def test_double_backward_on_cuda_raises_with_saved_features(ar):
+@pytest.mark.parametrize("q_is_leaf", [True, False], ids=["leaf-q", "computed-q"])
+def test_double_backward_on_cuda_raises_with_saved_features(ar, q_is_leaf):
     """The same where autograd saves phi(q), phi(k) instead of q and k (CUDA, bf16, elu1; without
     normalize o is not saved either, and o.sum() gives an upstream gradient with no history): the
-    saved rows have no history, yet the backward's node must still be recorded."""
+    saved rows have no history, yet the backward's node must lead back to q (or to what q was
+    computed from), so that differentiating dq reaches it and raises."""
     case = Case(1, 256, 2, 64, torch.bfloat16, feature_map="elu1", normalize=False)
     inp = make_inputs(case, "cuda")
-    q = inp["q"].detach().clone().requires_grad_()
+    x = inp["q"].detach().clone().requires_grad_()
+    q = x if q_is_leaf else x * 2
     o, _ = ar.chunk_linear_attn(q, inp["k"], inp["v"], **case.kwargs())
-    (dq,) = torch.autograd.grad(o.sum(), q, create_graph=True)
-    assert dq.requires_grad
+    (dx,) = torch.autograd.grad(o.sum(), x, create_graph=True)
+    assert dx.requires_grad
     with pytest.raises(NotImplementedError, match="double backward of attnrnn::chunk_bwd"):
-        torch.autograd.grad(dq.float().square().sum(), q)
+        torch.autograd.grad(dx.float().square().sum(), x)
 
 
 def test_softmax_double_backward_raises_instead_of_silent_zero(ar, device):
