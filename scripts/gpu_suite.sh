@@ -3,7 +3,8 @@
 # optionally compute-sanitizer and the benchmarks. Logs and JSON go to $OUT (default ./out).
 #   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [wgmma] [overlap] [bench] [fla] [multigpu]
 # TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python; SANITIZE_TOOLS and
-# SANITIZE_K ("-k" expression) limit "sanitize" (one tool per visible GPU at a time). "sweep" times
+# SANITIZE_K ("-k" expression) limit "sanitize" (one tool per visible GPU at a time, SANITIZE_SHARDS
+# processes of it side by side). "sweep" times
 # the tensor-core scan at the training shapes with the library's segment rule and a forced split;
 # "wgmma" the same with the wgmma sweeps off, the forward only, and forward and backward; "overlap"
 # the per-call times with the backward's sweeps overlapped and in one stream
@@ -87,12 +88,31 @@ if want overlap; then
   done
 fi
 if want sanitize; then
-  # One tool per GPU at a time (tools on different GPUs run side by side), each in its own process.
-  sanitize() {
+  # One tool per GPU at a time (tools on different GPUs run side by side). SANITIZE_SHARDS (default 1)
+  # splits the selected cases round-robin over that many processes of the tool on its GPU at once:
+  # the cases are small, and racecheck's instrumented kernels leave the GPU mostly idle, so shards
+  # run side by side (racecheck took ~60 s for each of the larger cases in one process).
+  cases=$(python3 -m pytest -q -p no:cacheprovider --collect-only tests/python/test_sanitizer_cases.py \
+    -k "${SANITIZE_K:-cuda}" 2>/dev/null | grep '::')
+  shards=${SANITIZE_SHARDS:-1}
+  sanitize_shard() {  # tool, gpu, shard index
+    local ids
+    mapfile -t ids < <(awk -v n="$shards" -v i="$3" 'NF && (NR - 1) % n == i' <<< "$cases")
+    [ ${#ids[@]} -eq 0 ] && return 0
     CUDA_VISIBLE_DEVICES=$2 PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $1 --error-exitcode 9 \
-      python3 -m pytest -q -p no:cacheprovider tests/python/test_sanitizer_cases.py -k "${SANITIZE_K:-cuda}" -x \
-      >"$OUT/sanitize_$1.log" 2>&1
-    echo "compute-sanitizer $1: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$1.log" | tail -1))"
+      python3 -m pytest -q -p no:cacheprovider -x "${ids[@]}" >"$OUT/sanitize_$1_$3.log" 2>&1
+  }
+  sanitize() {  # tool, gpu: every shard, then one line for the tool
+    local i pids=() codes=()
+    for (( i = 0; i < shards; i++ )); do sanitize_shard "$1" "$2" "$i" & pids+=($!); done
+    for i in "${pids[@]}"; do wait "$i"; codes+=($?); done
+    local summaries passed failed
+    summaries=$(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT"/sanitize_"$1"_*.log | sort | uniq -c |
+      sed 's/^ *//; s/=\+ *//' | paste -sd';')
+    count() { grep -ohE "[0-9]+ $1" "$OUT"/sanitize_"$2"_*.log | awk '{s += $1} END {print s + 0}'; }
+    passed=$(count passed "$1")
+    failed=$(count failed "$1")
+    echo "compute-sanitizer $1: exits ${codes[*]}, $passed passed, $failed failed of $(grep -c :: <<< "$cases") cases ($summaries)"
   }
   visible=${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $(( $(gpu_count) - 1 )))}
   read -ra devices <<< "${visible//,/ }"
