@@ -123,11 +123,11 @@ struct BackwardFunction : torch::autograd::Function<BackwardFunction<Form>> {
 
 // Whether a gradient will flow back through this call: then the forward saves what the backward
 // can reuse (the denominators; the op decides where its kernels produce them).
-bool records_gradient(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& S0,
-                      const OptTensor& z0) {
-  auto wants_grad = [](const OptTensor& t) { return t.has_value() && t->requires_grad(); };
-  return torch::autograd::GradMode::is_enabled() &&
-         (q.requires_grad() || k.requires_grad() || v.requires_grad() || wants_grad(S0) || wants_grad(z0));
+bool wants_grad(const at::Tensor& t) { return t.requires_grad(); }
+bool wants_grad(const OptTensor& t) { return t.has_value() && t->requires_grad(); }
+template <class... Tensors>
+bool records_gradient(const Tensors&... tensors) {
+  return torch::autograd::GradMode::is_enabled() && (wants_grad(tensors) || ...);
 }
 
 // Whether a forward-mode gradient rides on any of the tensors: the custom Functions have to raise
@@ -369,8 +369,7 @@ at::Tensor softmax_attn_step(c10::DispatchKeySet keys, const at::Tensor& q, at::
 // The features op's Autograd kernel: its rows are what autograd saves, not a differentiable result.
 std::tuple<at::Tensor, at::Tensor> features(c10::DispatchKeySet keys, const at::Tensor& q, const at::Tensor& k,
                                             std::string_view feature_map) {
-  TORCH_CHECK(!(torch::autograd::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad())) &&
-                  !has_forward_grad(q, k),
+  TORCH_CHECK(!records_gradient(q, k) && !has_forward_grad(q, k),
               "attnrnn features is not differentiable (it writes what the chunk forward saves for its backward); "
               "apply the feature map with torch ops for gradients");
   at::AutoDispatchBelowAutograd below_autograd;
