@@ -209,28 +209,45 @@ Status check_step(const LinearAttnStepParams& p) {
 }
 
 
+// linear_attn_features reads only q's and k's shapes, the feature map and the two outputs.
+Status check_features(const LinearAttnParams& p, const void* phi_q, const void* phi_k) {
+  ATTNRNN_REQUIRE(p.batch >= 0 && p.seqlen >= 0, "batch and seqlen must be >= 0, got %lld and %lld",
+                  (long long)p.batch, (long long)p.seqlen);
+  ATTNRNN_REQUIRE(p.num_heads >= 1 && p.num_kv_heads >= 1, "num_heads and num_kv_heads must be >= 1, got %lld and %lld",
+                  (long long)p.num_heads, (long long)p.num_kv_heads);
+  ATTNRNN_REQUIRE(p.head_dim_k >= 1 && p.head_dim_k <= kMaxHeadDim, "head_dim_k must be in [1, 256], got %lld",
+                  (long long)p.head_dim_k);
+  ATTNRNN_REQUIRE(known_feature_map(p.feature_map), "feature_map must be kIdentity, kElu1 or kRelu, got %d",
+                  static_cast<int>(p.feature_map));
+  ATTNRNN_REQUIRE_FITS(p.batch, p.seqlen, p.num_heads, p.head_dim_k, "q [batch, seqlen, num_heads, head_dim_k]");
+  ATTNRNN_REQUIRE_FITS(p.batch, p.seqlen, p.num_kv_heads, p.head_dim_k, "k [batch, seqlen, num_kv_heads, head_dim_k]");
+  if (p.batch > 0 && p.seqlen > 0)
+    ATTNRNN_REQUIRE(p.q.data && p.k.data && phi_q && phi_k, "q, k, phi_q and phi_k must not be null");
+  return Status::kSuccess;
+}
+
 #ifdef ATTNRNN_WITH_CUDA
 #define ATTNRNN_CUDA_KERNEL(name) cuda::name
 #else
 #define ATTNRNN_CUDA_KERNEL(name) nullptr
 #endif
 
-// A kernel entry point; a member typedef so that nullptr (no CUDA build) does not take part in
-// template argument deduction.
-template <class Params>
+// A kernel entry point (params, then any outputs it takes besides them); a member typedef so that
+// nullptr (no CUDA build) does not take part in template argument deduction.
+template <class Params, class... Args>
 struct KernelOf {
-  using type = Status (*)(const Params&);
+  using type = Status (*)(const Params&, Args...);
 };
 
-template <class Params>
-Status dispatch(const Params& p, Status checked, typename KernelOf<Params>::type on_cpu,
-                typename KernelOf<Params>::type on_cuda) {
+template <class Params, class... Args>
+Status dispatch(const Params& p, Status checked, typename KernelOf<Params, Args...>::type on_cpu,
+                typename KernelOf<Params, Args...>::type on_cuda, Args... args) {
   if (checked != Status::kSuccess) return checked;
   switch (p.device) {
-    case Device::kCPU: return on_cpu(p);
+    case Device::kCPU: return on_cpu(p, args...);
     case Device::kCUDA:
       if (on_cuda == nullptr) return fail(Status::kNotCompiled, "attnrnn was built without CUDA kernels");
-      return on_cuda(p);
+      return on_cuda(p, args...);
   }
   return fail(Status::kInvalidArgument, "unknown device %d", static_cast<int>(p.device));
 }
@@ -254,28 +271,7 @@ Status recurrent_linear_attn_bwd(const LinearAttnParams& p) {
 }
 
 Status linear_attn_features(const LinearAttnParams& p, void* phi_q, void* phi_k) {
-  ATTNRNN_REQUIRE(p.batch >= 0 && p.seqlen >= 0, "batch and seqlen must be >= 0, got %lld and %lld",
-                  (long long)p.batch, (long long)p.seqlen);
-  ATTNRNN_REQUIRE(p.num_heads >= 1 && p.num_kv_heads >= 1, "num_heads and num_kv_heads must be >= 1, got %lld and %lld",
-                  (long long)p.num_heads, (long long)p.num_kv_heads);
-  ATTNRNN_REQUIRE(p.head_dim_k >= 1 && p.head_dim_k <= kMaxHeadDim, "head_dim_k must be in [1, 256], got %lld",
-                  (long long)p.head_dim_k);
-  ATTNRNN_REQUIRE(known_feature_map(p.feature_map), "feature_map must be kIdentity, kElu1 or kRelu, got %d",
-                  static_cast<int>(p.feature_map));
-  ATTNRNN_REQUIRE_FITS(p.batch, p.seqlen, p.num_heads, p.head_dim_k, "q [batch, seqlen, num_heads, head_dim_k]");
-  ATTNRNN_REQUIRE_FITS(p.batch, p.seqlen, p.num_kv_heads, p.head_dim_k, "k [batch, seqlen, num_kv_heads, head_dim_k]");
-  if (p.batch > 0 && p.seqlen > 0)
-    ATTNRNN_REQUIRE(p.q.data && p.k.data && phi_q && phi_k, "q, k, phi_q and phi_k must not be null");
-  switch (p.device) {
-    case Device::kCPU: return cpu::features(p, phi_q, phi_k);
-    case Device::kCUDA:
-#ifdef ATTNRNN_WITH_CUDA
-      return cuda::features(p, phi_q, phi_k);
-#else
-      return fail(Status::kNotCompiled, "attnrnn was built without CUDA kernels");
-#endif
-  }
-  return fail(Status::kInvalidArgument, "unknown device %d", static_cast<int>(p.device));
+  return dispatch(p, check_features(p, phi_q, phi_k), cpu::features, ATTNRNN_CUDA_KERNEL(features), phi_q, phi_k);
 }
 Status linear_attn_step(const LinearAttnStepParams& p) {
   return dispatch(p, check_step(p), cpu::step, ATTNRNN_CUDA_KERNEL(step));
