@@ -184,8 +184,7 @@ class CausalLM(nn.Module):
         if not compiling and B:
             slots = cache._slots_of(idx)
             for i, pool in enumerate(cache.layers):
-                lengths = pool.host_lengths() if pool.kind == "softmax" else None
-                if lengths is not None and max(lengths[s] for s in slots) + T > pool.max_len:
+                if pool.kind == "softmax" and pool.end_after(slots, T) > pool.max_len:
                     raise ValueError(f"input_ids: {T} more token(s) exceed the KV cache of layer {i} "
                                      f"(max_len={pool.max_len}); build the cache with a larger max_len")
         return idx

@@ -391,6 +391,20 @@ def test_layer_rejects_cache_of_other_layer(nn):
     _assert_untouched(kv, snap)
 
 
+def test_softmax_layer_overflow_names_the_full_slots_untouched(nn):
+    layer = nn.SoftmaxAttention(H, D)
+    cache = layer.make_cache(3, max_len=5)
+    idx = cache.allocate(3)
+    with torch.no_grad():
+        layer(torch.randn(3, 3, H), cache, idx)
+        layer(torch.randn(1, 2, H), cache, idx[1:2])
+    snap = _snapshot(cache)
+    with pytest.raises(ValueError, match=r"x: 1 more token\(s\) do not fit in the KV cache of layer 0 \(max_len=5\) "
+                                         r"for slots \[1\]"):
+        layer(torch.randn(3, 1, H), cache, idx)
+    _assert_untouched(cache, snap)
+
+
 def test_kv_cache_overflow_rejected_untouched(lm):
     model = _model(lm, "hybrid")
     cache = model.make_cache(1, max_len=6)

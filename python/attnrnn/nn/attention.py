@@ -275,10 +275,10 @@ class SoftmaxAttention(_Attention):
             start = pool.lengths[idx]                                         # [B]
             compiling = torch.compiler.is_compiling()
             if not compiling:  # from the host copies: no device read per layer and token
-                slots, lengths = cache._slots_of(idx), pool.host_lengths()
-                end = max(lengths[s] for s in slots) + T if B else 0
+                slots = cache._slots_of(idx)
+                end = pool.end_after(slots, T) if B else 0
                 if end > pool.max_len:
-                    over = [s for s in slots if lengths[s] + T > pool.max_len]
+                    over = [s for s in slots if pool.end_after([s], T) > pool.max_len]
                     raise ValueError(f"x: {T} more token(s) do not fit in the KV cache of layer {self.layer_idx} "
                                      f"(max_len={pool.max_len}) for slots {over}; build the cache with a larger max_len")
             pos = start[:, None] + torch.arange(T, device=x.device)          # [B, T] positions of the new tokens

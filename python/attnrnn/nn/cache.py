@@ -112,6 +112,12 @@ class KVPool:
         pool's own methods wrote it since the last read."""
         return self._host.get(self.lengths, torch.Tensor.tolist)
 
+    def end_after(self, slots: Sequence[int], count: int) -> int:
+        """The longest of the lengths at ``slots`` (not empty) once ``count`` more tokens are in, from
+        the host copy."""
+        lengths = self.host_lengths()
+        return max(lengths[s] for s in slots) + count
+
     def _write_lengths(self, write, slots: Optional[Sequence[int]], value) -> None:
         """write() changes lengths at slots; the host copy follows (value(old) per slot) if it was
         trusted, without a device read."""
