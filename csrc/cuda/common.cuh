@@ -1,5 +1,5 @@
 // Pieces shared by the CUDA kernels: scalar loads/stores in the accumulator type, the feature
-// map, sequence geometry, and launch checks.
+// map of an op's inputs (phi itself: feature_maps.h), sequence geometry, and launch checks.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "attnrnn/attnrnn.h"
+#include "feature_maps.h"
 #include "kernels.h"
 
 namespace attnrnn::cuda {
@@ -33,42 +34,6 @@ template <>
 __device__ __forceinline__ __half from_acc<__half, float>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16, float>(float x) { return __float2bfloat16_rn(x); }
-
-template <class A>
-__device__ __forceinline__ A fast_exp(A x);
-template <>
-__device__ __forceinline__ float fast_exp<float>(float x) { return expf(x); }
-template <>
-__device__ __forceinline__ double fast_exp<double>(double x) { return exp(x); }
-
-// phi(x) and phi'(x) of the fused feature maps.
-template <class A>
-__device__ __forceinline__ A phi(FeatureMap fm, A x) {
-  switch (fm) {
-    case FeatureMap::kElu1: return x > A(0) ? x + A(1) : fast_exp(x);
-    case FeatureMap::kRelu: return x < A(0) ? A(0) : x;  // as torch.relu: NaN stays NaN
-    default: return x;
-  }
-}
-template <class A>
-__device__ __forceinline__ A dphi(FeatureMap fm, A x) {
-  switch (fm) {
-    case FeatureMap::kElu1: return x > A(0) ? A(1) : fast_exp(x);
-    case FeatureMap::kRelu: return x > A(0) ? A(1) : A(0);
-    default: return A(1);
-  }
-}
-// phi'(x) from y = phi(x) as feature_map_kernel stored it, without elu1's exp: elu1's is y itself
-// where x <= 0 (y = exp(x) <= 1) and 1 where x > 0 (y = x + 1, rounded to 1 at the smallest x);
-// relu's is 1 exactly where y > 0, as where x > 0. NaN stays NaN (elu1) or gives 0 (relu), as dphi.
-template <class A>
-__device__ __forceinline__ A dphi_of_phi(FeatureMap fm, A y) {
-  switch (fm) {
-    case FeatureMap::kElu1: return y > A(1) ? A(1) : y;
-    case FeatureMap::kRelu: return y > A(0) ? A(1) : A(0);
-    default: return A(1);
-  }
-}
 
 // phi and phi' of an element x of the op's q or k. The chunk backward with p.phi_given reads
 // phi(q), phi(k) in their place (autograd saved them): phi is then x itself, phi' comes from it.

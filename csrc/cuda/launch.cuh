@@ -192,25 +192,31 @@ struct SweepFork {
 Status fork_sweeps(void* main, SweepFork& fork);
 Status join_sweeps(void* main, const SweepFork& fork);
 
-// phi(q) and phi(k) into contiguous rows fq [B, T, H, K] and fk [B, T, Hkv, K], 8 elements per
-// thread (feature_map_kernel: K % 8 == 0, 16-byte aligned rows, bf16 or fp16). The feature pass of
-// the tensor-core sweeps, and linear_attn_features where those requirements hold.
-template <class T>
-Status launch_feature_pass(const LinearAttnParams& p, T* fq, T* fk) {
-  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+// kernel(view, B, T, heads, K, feature map, out) over q into fq [B, T, H, K], then over k into fk
+// [B, T, Hkv, K]: grid-stride loops of `per_thread` elements per thread, at most 8 blocks per SM.
+template <class T, class Kernel>
+Status launch_over_q_and_k(Kernel kernel, const LinearAttnParams& p, int per_thread, T* fq, T* fk, const char* what) {
   const int threads = 256;
   const int64_t blocks_cap = int64_t(sm_count()) * 8;
   for (int which = 0; which < 2; ++which) {
     const int64_t H = which == 0 ? p.num_heads : p.num_kv_heads;
-    const int64_t pieces = feature_elems(p, H) / 8;
-    if (pieces == 0) continue;
-    const unsigned blocks = static_cast<unsigned>(std::min(blocks_cap, (pieces + threads - 1) / threads));
-    feature_map_kernel<T><<<blocks, threads, 0, stream>>>(which == 0 ? p.q : p.k, p.batch, p.seqlen, H, p.head_dim_k,
-                                                          p.feature_map, which == 0 ? fq : fk);
-    const Status s = check_launch("chunk_linear_attn feature map");
+    const int64_t work = feature_elems(p, H) / per_thread;
+    if (work == 0) continue;
+    const unsigned blocks = static_cast<unsigned>(std::min(blocks_cap, (work + threads - 1) / threads));
+    kernel<<<blocks, threads, 0, static_cast<cudaStream_t>(p.stream)>>>(
+        which == 0 ? p.q : p.k, p.batch, p.seqlen, H, p.head_dim_k, p.feature_map, which == 0 ? fq : fk);
+    const Status s = check_launch(what);
     if (s != Status::kSuccess) return s;
   }
   return Status::kSuccess;
+}
+
+// phi(q) and phi(k) into contiguous rows fq and fk, 8 elements per thread (feature_map_kernel:
+// K % 8 == 0, 16-byte aligned rows, bf16 or fp16). The feature pass of the tensor-core sweeps, and
+// linear_attn_features where those requirements hold.
+template <class T>
+Status launch_feature_pass(const LinearAttnParams& p, T* fq, T* fk) {
+  return launch_over_q_and_k(feature_map_kernel<T>, p, 8, fq, fk, "chunk_linear_attn feature map");
 }
 
 // phi(q) and phi(k) into the workspace (TcFeatures), or the map for the wgmma sweeps to apply

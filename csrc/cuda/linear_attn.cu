@@ -197,18 +197,7 @@ Status launch_features(const LinearAttnParams& p, T* fq, T* fk) {
   if constexpr (k16bit) {
     if (p.head_dim_k % 8 == 0 && aligned16(p.q) && aligned16(p.k)) return launch_feature_pass<T>(p, fq, fk);
   }
-  const int threads = 256;
-  const int64_t blocks_cap = int64_t(sm_count()) * 8;
-  for (int which = 0; which < 2; ++which) {
-    const int64_t H = which == 0 ? p.num_heads : p.num_kv_heads, total = feature_elems(p, H);
-    if (total == 0) continue;
-    const unsigned blocks = static_cast<unsigned>(std::min(blocks_cap, (total + threads - 1) / threads));
-    feature_map_elements_kernel<T><<<blocks, threads, 0, static_cast<cudaStream_t>(p.stream)>>>(
-        which == 0 ? p.q : p.k, p.batch, p.seqlen, H, p.head_dim_k, p.feature_map, which == 0 ? fq : fk);
-    const Status s = check_launch("linear_attn_features");
-    if (s != Status::kSuccess) return s;
-  }
-  return Status::kSuccess;
+  return launch_over_q_and_k(feature_map_elements_kernel<T>, p, 1, fq, fk, "linear_attn_features");
 }
 
 }  // namespace

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dq_generic_kernel(const Softm
     }
 #pragma unroll
     for (int i = 0; i < RQ; ++i) {
-      const A pr = j0 + lane < lim[i] ? fast_exp<A>(sc[i] * scale - lse_r[i]) : A(0);
+      const A pr = j0 + lane < lim[i] ? exp_of<A>(sc[i] * scale - lse_r[i]) : A(0);
       dSs[(warp + kGenWarps * i) * kGenBk + lane] = pr * (dp[i] - D_r[i]);
     }
     __syncwarp();
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dkv_generic_kernel(const Soft
       for (int i = 0; i < RK; ++i) {
         const int kr = warp + kGenWarps * i;
         const bool live = lane < nq && lq != neg_inf<A>() && j0 + kr < kvis;
-        const A pr = live ? fast_exp<A>(sc[i] * scale - lq) : A(0);
+        const A pr = live ? exp_of<A>(sc[i] * scale - lq) : A(0);
         Ps[kr * kGenBk + lane] = pr;
         dSs[kr * kGenBk + lane] = pr * (dp[i] - dq);
       }

@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(kGenThreads) fwd_generic_kernel(const SoftmaxA
       const A x = j0 + lane < lim[i] ? sc[i] * scale : neg_inf<A>();
       const A m_new = fmax(m[i], warp_max(x));
       const A m_use = m_new == neg_inf<A>() ? A(0) : m_new;
-      const A alpha = fast_exp<A>(m[i] - m_use);
-      const A pv = fast_exp<A>(x - m_use);
+      const A alpha = exp_of<A>(m[i] - m_use);
+      const A pv = exp_of<A>(x - m_use);
       l[i] = l[i] * alpha + warp_sum(pv);
       m[i] = m_new;
       Ps[(warp + kGenWarps * i) * kGenBk + lane] = pv;

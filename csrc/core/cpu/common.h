@@ -14,6 +14,7 @@
 #endif
 
 #include "attnrnn/attnrnn.h"
+#include "feature_maps.h"
 #include "kernels.h"
 #include "numeric.h"
 #include "parallel.h"
@@ -71,56 +72,28 @@ inline T* at(const MutView& v, int64_t b, int64_t t, int64_t h) {
   return static_cast<T*>(v.data) + b * v.stride_b + t * v.stride_t + h * v.stride_h;
 }
 
-// dst[i] = scale * phi(src[i]); when dphi is non-null also dphi[i] = scale * phi'(src[i]).
+// dst[i] = scale * phi(x_i) and, where dphi is non-null, dphi[i] = scale * phi'(x_i). The row src
+// holds x itself, or phi(x) already where phi_given (dphi then comes from it).
 template <class T, class A>
-inline void load_phi(FeatureMap fm, const T* __restrict src, int64_t n, A scale, A* __restrict dst,
+inline void load_phi(FeatureMap fm, bool phi_given, const T* __restrict src, int64_t n, A scale, A* __restrict dst,
                      A* __restrict dphi) {
-  switch (fm) {
-    case FeatureMap::kIdentity:
-      for (int64_t i = 0; i < n; ++i) dst[i] = scale * static_cast<A>(to_float(src[i]));
-      if (dphi != nullptr)
-        for (int64_t i = 0; i < n; ++i) dphi[i] = scale;
-      break;
-    case FeatureMap::kElu1:
-      for (int64_t i = 0; i < n; ++i) {
-        const A x = static_cast<A>(to_float(src[i]));
-        const A e = x > A(0) ? A(1) : std::exp(x);
-        dst[i] = scale * (x > A(0) ? x + A(1) : e);
-        if (dphi != nullptr) dphi[i] = scale * e;
-      }
-      break;
-    case FeatureMap::kRelu:
-      for (int64_t i = 0; i < n; ++i) {
-        const A x = static_cast<A>(to_float(src[i]));
-        dst[i] = x < A(0) ? A(0) : scale * x;  // as torch.relu: NaN stays NaN, -0 stays -0
-        if (dphi != nullptr) dphi[i] = x > A(0) ? scale : A(0);
-      }
-      break;
+  for (int64_t i = 0; i < n; ++i) {
+    const A x = static_cast<A>(to_float(src[i]));
+    const A y = phi_given ? x : phi(fm, x);
+    dst[i] = scale * y;
+    if (dphi != nullptr) dphi[i] = scale * dphi_of_phi(fm, y);
   }
 }
-
-// phi'(x) from y = phi(x): elu1's min(y, 1) (y = exp(x) <= 1 where x <= 0, x + 1 > 1 elsewhere),
-// relu's 1 where y > 0. NaN gives NaN (elu1) or 0 (relu), as phi'(x) of a NaN x.
-template <class A>
-inline A dphi_of_phi(FeatureMap fm, A y) {
-  switch (fm) {
-    case FeatureMap::kElu1: return y > A(1) ? A(1) : y;
-    case FeatureMap::kRelu: return y > A(0) ? A(1) : A(0);
-    default: return A(1);
-  }
+template <class T, class A>
+inline void load_phi(FeatureMap fm, const T* __restrict src, int64_t n, A scale, A* __restrict dst, A* __restrict dphi) {
+  load_phi(fm, false, src, n, scale, dst, dphi);
 }
-
-// load_phi of an op's q or k rows. With p.phi_given they hold phi already (the chunk backward
-// after linear_attn_features): dst[i] = scale * y and dphi[i] = scale * phi' from y.
+// load_phi of an op's q or k rows: with p.phi_given they hold phi already (the chunk backward
+// after linear_attn_features).
 template <class T, class A>
 inline void load_phi(const LinearAttnParams& p, const T* __restrict src, int64_t n, A scale, A* __restrict dst,
                      A* __restrict dphi) {
-  if (!p.phi_given) return load_phi(p.feature_map, src, n, scale, dst, dphi);
-  for (int64_t i = 0; i < n; ++i) {
-    const A y = static_cast<A>(to_float(src[i]));
-    dst[i] = scale * y;
-    if (dphi != nullptr) dphi[i] = scale * dphi_of_phi(p.feature_map, y);
-  }
+  load_phi(p.feature_map, p.phi_given, src, n, scale, dst, dphi);
 }
 
 template <class T, class A>
