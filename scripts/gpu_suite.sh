@@ -3,8 +3,8 @@
 # optionally compute-sanitizer and the benchmarks. Logs and JSON go to $OUT (default ./out).
 #   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [wgmma] [overlap] [bench] [fla] [multigpu]
 # TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python; SANITIZE_TOOLS and
-# SANITIZE_K ("-k" expression) limit "sanitize" (one tool per visible GPU at a time, SANITIZE_SHARDS
-# processes of it side by side). "sweep" times
+# SANITIZE_K ("-k" expression) limit "sanitize" (one tool per visible GPU at a time, or per entry of
+# SANITIZE_GPUS; SANITIZE_SHARDS processes of each tool side by side). "sweep" times
 # the tensor-core scan at the training shapes with the library's segment rule and a forced split;
 # "wgmma" the same with the wgmma sweeps off, the forward only, and forward and backward; "overlap"
 # the per-call times with the backward's sweeps overlapped and in one stream
@@ -114,7 +114,9 @@ if want sanitize; then
     failed=$(count failed "$1")
     echo "compute-sanitizer $1: exits ${codes[*]}, $passed passed, $failed failed of $(grep -c :: <<< "$cases") cases ($summaries)"
   }
-  visible=${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $(( $(gpu_count) - 1 )))}
+  # SANITIZE_GPUS: the GPU of each tool slot, tools in as many slots side by side ("0,0,0,0": all
+  # four tools at once on GPU 0); default one slot per visible GPU.
+  visible=${SANITIZE_GPUS:-${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $(( $(gpu_count) - 1 )))}}
   read -ra devices <<< "${visible//,/ }"
   slot=0
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
