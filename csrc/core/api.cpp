@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "attnrnn/attnrnn.h"
+#include "host_device.h"
 #include "kernels.h"
 
 namespace attnrnn {
@@ -135,9 +136,7 @@ bool known_feature_map(FeatureMap fm) {
 Status check_cu_seqlens(Device device, const void* cu, bool is_int64, int64_t num_seqs, int64_t seqlen) {
   ATTNRNN_REQUIRE(num_seqs >= 0, "num_seqs must be >= 0, got %lld", (long long)num_seqs);
   if (device != Device::kCPU) return Status::kSuccess;
-  auto at = [&](int64_t i) {
-    return is_int64 ? static_cast<const int64_t*>(cu)[i] : int64_t(static_cast<const int32_t*>(cu)[i]);
-  };
+  auto at = [&](int64_t i) { return cu_seqlens_at(cu, is_int64, i); };
   ATTNRNN_REQUIRE(at(0) == 0, "cu_seqlens must start at 0, got %lld", (long long)at(0));
   ATTNRNN_REQUIRE(at(num_seqs) == seqlen, "cu_seqlens must end at seqlen = %lld, got %lld", (long long)seqlen,
                   (long long)at(num_seqs));

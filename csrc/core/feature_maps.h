@@ -5,12 +5,7 @@
 #include <math.h>
 
 #include "attnrnn/attnrnn.h"
-
-#if defined(__CUDACC__)
-#define ATTNRNN_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define ATTNRNN_HOST_DEVICE inline
-#endif
+#include "host_device.h"
 
 namespace attnrnn {
 

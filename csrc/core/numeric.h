@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "host_device.h"
+
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -104,17 +106,5 @@ template <>
 inline bf16_t from_float<bf16_t>(double x) { return from_float<bf16_t>(static_cast<float>(x)); }
 template <>
 inline fp16_t from_float<fp16_t>(double x) { return from_float<fp16_t>(static_cast<float>(x)); }
-
-// Accumulator type of an input type: double for double, float otherwise.
-template <class T>
-struct AccOf {
-  using type = float;
-};
-template <>
-struct AccOf<double> {
-  using type = double;
-};
-template <class T>
-using acc_t = typename AccOf<T>::type;
 
 }  // namespace attnrnn

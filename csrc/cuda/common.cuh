@@ -108,15 +108,6 @@ inline int64_t num_states(const LinearAttnParams& p) {
   return p.cu_seqlens != nullptr ? p.num_seqs : p.batch;
 }
 
-template <class T>
-struct AccOf {
-  using type = float;
-};
-template <>
-struct AccOf<double> {
-  using type = double;
-};
-
 // Calls f(T{}) with the CUDA type of the input dtype.
 template <class F>
 Status dispatch_dtype(DType dtype, F&& f) {

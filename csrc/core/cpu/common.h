@@ -51,15 +51,7 @@ struct Seq {
 inline Seq sequence(const LinearAttnParams& p, int64_t n) {
   if (p.cu_seqlens == nullptr) return Seq{n, 0, p.seqlen};
   int64_t begin, end;
-  if (p.cu_seqlens_int64) {
-    const int64_t* cu = static_cast<const int64_t*>(p.cu_seqlens);
-    begin = cu[n];
-    end = cu[n + 1];
-  } else {
-    const int32_t* cu = static_cast<const int32_t*>(p.cu_seqlens);
-    begin = cu[n];
-    end = cu[n + 1];
-  }
+  cu_seqlens_bounds(p.cu_seqlens, p.cu_seqlens_int64, n, begin, end);
   return Seq{0, begin, end - begin};
 }
 

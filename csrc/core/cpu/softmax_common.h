@@ -43,13 +43,7 @@ struct Seq {
 inline Seq sequence_of(const SoftmaxAttnParams& p, int64_t n) {
   if (p.cu_seqlens == nullptr) return Seq{n, 0, p.seqlen_q, 0, p.seqlen_k, p.causal};
   int64_t begin, end;
-  if (p.cu_seqlens_int64) {
-    begin = static_cast<const int64_t*>(p.cu_seqlens)[n];
-    end = static_cast<const int64_t*>(p.cu_seqlens)[n + 1];
-  } else {
-    begin = static_cast<const int32_t*>(p.cu_seqlens)[n];
-    end = static_cast<const int32_t*>(p.cu_seqlens)[n + 1];
-  }
+  cu_seqlens_bounds(p.cu_seqlens, p.cu_seqlens_int64, n, begin, end);
   return Seq{0, begin, end - begin, begin, end - begin, p.causal};
 }
 
