@@ -2,7 +2,7 @@
 # Whether a change leaves the device code as it was: every CUDA translation unit compiled to PTX
 # (sm_90a, as the build does) at REV and in the working tree, compared after removing the hashes
 # nvcc gives anonymous namespaces. Needs nvcc only, no GPU. Prints one line per file; exits 1 if
-# any file's PTX differs.  Usage: scripts/ptx_diff.sh [REV=HEAD] [JOBS=2]
+# any file's PTX differs or a file of REV is gone.  Usage: scripts/ptx_diff.sh [REV=HEAD] [JOBS=2]
 set -euo pipefail
 rev=${1:-HEAD}
 jobs=${JOBS:-2}
@@ -25,4 +25,9 @@ compare() {
 }
 export -f compare
 cd "$root"
-find csrc/cuda -name '*.cu' | sort | xargs -P "$jobs" -I{} bash -c 'compare {}'
+status=0
+for f in $(cd "$work/old" && find csrc/cuda -name '*.cu' | sort); do
+  [ -f "$f" ] || { echo "gone  $f"; status=1; }
+done
+find csrc/cuda -name '*.cu' | sort | xargs -P "$jobs" -I{} bash -c 'compare {}' || status=1
+exit $status
