@@ -9,7 +9,8 @@
 # "wgmma" the same with the wgmma sweeps off, the forward only, and forward and backward; "overlap"
 # the per-call times with the backward's sweeps overlapped and in one stream
 # (ATTNRNN_BWD_CONCURRENT). "fla" installs .whl/fla_core-*.whl (copied from shared/wheels) so the
-# benchmarks include fla ("bench" splits the shapes over two GPUs when there are two). "multigpu"
+# benchmarks include fla ("bench" splits the shapes over two GPUs when there are two; BENCH_SHAPES
+# runs only those shapes, into h200_part.json). "multigpu"
 # runs the context-parallel tests over NCCL on all GPUs and bench/distributed.py at B=1 H=16 D=128
 # bf16, T = 256k/512k/1M, on all GPUs and on one (CP_MODES="norm unnorm": normalize on/off).
 # SKIP_BUILD=1 reuses an in-place build. A device call brings back 8 files of $OUT: end it with
@@ -148,7 +149,12 @@ if want bench; then
   nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 200 \
     >"$OUT/bench_clocks.csv" 2>/dev/null &
   sampler=$!
-  if [ "$gpus" -ge 2 ]; then
+  if [ -n "${BENCH_SHAPES:-}" ]; then
+    # Part of the shapes on one GPU (a call is too short for all of them on one): merge the parts
+    # afterwards with `python -m bench --merge A.json B.json --out h200.json --png h200.png`.
+    python3 -m bench --device cuda --shapes "$BENCH_SHAPES" --out "$OUT/h200_part.json" 2>&1 |
+      tee "$OUT/bench.log" | tail -60
+  elif [ "$gpus" -ge 2 ]; then
     # Two halves of the shapes, each process alone on its own GPU (fla's autotuning halves too),
     # then one file with ratios and targets recomputed (bench/results/README.md).
     half_a=B8-T2048-H16-D64,B4-T8192-H16-D128,B64-H32-D128,B256-H32-D128
