@@ -2,7 +2,8 @@
 # The GPU machine's whole job in one call: build attnrnn with CUDA, run the test suite on CUDA,
 # optionally compute-sanitizer and the benchmarks. Logs and JSON go to $OUT (default ./out).
 #   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [wgmma] [overlap] [bench] [fla] [multigpu]
-# TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python; SANITIZE_TOOLS and
+# TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python (TEST_K: their "-k"
+# expression, default "cuda"); SANITIZE_TOOLS and
 # SANITIZE_K ("-k" expression) limit "sanitize" (one tool per visible GPU at a time, or per entry of
 # SANITIZE_GPUS; SANITIZE_SHARDS processes of each tool side by side). "sweep" times
 # the tensor-core scan at the training shapes with the library's segment rule and a forced split;
@@ -56,7 +57,7 @@ if want tests; then
   files=$(ls tests/python/test_*.py)
   [ -n "${TEST_FILES:-}" ] && files=$(printf 'tests/python/%s ' $TEST_FILES)
   for f in $files; do
-    python3 -m pytest -q -p no:cacheprovider "$f" -k "cuda" -rf >>"$OUT/pytest_cuda.log" 2>&1
+    python3 -m pytest -q -p no:cacheprovider "$f" -k "${TEST_K:-cuda}" -rf >>"$OUT/pytest_cuda.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && [ $rc -ne 5 ] && status=1
     printf '%-48s %s\n' "$(basename "$f")" "$(tail -1 "$OUT/pytest_cuda.log")"
