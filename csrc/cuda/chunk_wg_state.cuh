@@ -107,8 +107,13 @@ __global__ void __launch_bounds__(kTcThreads, BlocksPerSm)
   const int64_t first = ci0 * chunk, end = min(seq.len, ci1 * chunk);
   const WgSteps walk(seq, g, G, chunk, split, seg);
   const int tiles_per_chunk = chunk / C;
-  const int steps = kWeighs ? walk.count() * tiles_per_chunk
-                            : end > first ? static_cast<int>((end - first + C - 1) / C) : 0;
+  // Pass 2 starts segment j from the partials of the segments before it (load_initial_state), so the
+  // last segment's sums are never read: its blocks load and sum nothing and write zeros, which keeps
+  // the buffers free of stale floats.
+  const bool read_later = seg < split.segments - 1;
+  const int steps = !read_later ? 0
+                    : kWeighs   ? walk.count() * tiles_per_chunk
+                                : end > first ? static_cast<int>((end - first + C - 1) / C) : 0;
   struct Cursor {
     WgSteps::Walk chunk_head;
     int sub;  // the tile within the chunk
