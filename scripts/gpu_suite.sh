@@ -3,8 +3,8 @@
 # optionally compute-sanitizer and the benchmarks. Logs and JSON go to $OUT (default ./out).
 #   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [wgmma] [overlap] [bench] [fla] [multigpu]
 # TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python (TEST_K: their "-k"
-# expression, default "cuda"); SANITIZE_TOOLS and
-# SANITIZE_K ("-k" expression) limit "sanitize" (one tool per visible GPU at a time, or per entry of
+# expression, default "cuda"); SANITIZE_TOOLS and SANITIZE_K ("-k" expression) limit "sanitize"
+# (one tool per visible GPU at a time, or per entry of
 # SANITIZE_GPUS; SANITIZE_SHARDS processes of each tool side by side). "sweep" times
 # the tensor-core scan at the training shapes with the library's segment rule and a forced split;
 # "wgmma" the same with the wgmma sweeps off, the forward only, and forward and backward; "overlap"
