@@ -1,15 +1,11 @@
 #!/usr/bin/env bash
 # The GPU machine's whole job in one call: build attnrnn with CUDA, run the test suite on CUDA,
 # optionally compute-sanitizer and the benchmarks. Logs and JSON go to $OUT (default ./out).
-#   scripts/gpu_suite.sh [tests] [sanitize] [sweep] [wgmma] [overlap] [bench] [fla] [multigpu]
+#   scripts/gpu_suite.sh [tests] [sanitize] [bench] [fla] [multigpu]
 # TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python (TEST_K: their "-k"
 # expression, default "cuda"); SANITIZE_TOOLS and SANITIZE_K ("-k" expression) limit "sanitize"
-# (one tool per visible GPU at a time, or per entry of
-# SANITIZE_GPUS; SANITIZE_SHARDS processes of each tool side by side). "sweep" times
-# the tensor-core scan at the training shapes with the library's segment rule and a forced split;
-# "wgmma" the same with the wgmma sweeps off, the forward only, and forward and backward; "overlap"
-# the per-call times with the backward's sweeps overlapped and in one stream
-# (ATTNRNN_BWD_CONCURRENT). "fla" installs .whl/fla_core-*.whl (copied from shared/wheels) so the
+# (one tool per visible GPU at a time, or per entry of SANITIZE_GPUS; SANITIZE_SHARDS processes of
+# each tool side by side). "fla" installs .whl/fla_core-*.whl (copied from shared/wheels) so the
 # benchmarks include fla ("bench" splits the shapes over two GPUs when there are two; BENCH_SHAPES
 # runs only those shapes, into h200_part.json). "multigpu"
 # runs the context-parallel tests over NCCL on all GPUs and bench/distributed.py at B=1 H=16 D=128
@@ -61,32 +57,6 @@ if want tests; then
     rc=$?
     [ $rc -ne 0 ] && [ $rc -ne 5 ] && status=1
     printf '%-48s %s\n' "$(basename "$f")" "$(tail -1 "$OUT/pytest_cuda.log")"
-  done
-fi
-if want sweep; then
-  # segments: 0 = the library's rule, 8 = forced (each in its own process: the knob is read once)
-  for seg in 0 8; do
-    PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_SEGMENTS=$seg python3 scripts/tc_sweep.py --out "$OUT/sweep_seg$seg.json" 2>&1 |
-      sed "s/^/seg=$seg /"
-  done
-fi
-if want wgmma; then
-  # the wgmma sweeps against the mma.sync scan (ATTNRNN_TC_WGMMA, read once per process: 0 none,
-  # 1 the forward, 3 the forward and the backward's dq/dk/dv, 7 with dk and dv fused at K = V = 64,
-  # 15 also the forward at K = 128 on 128-token chunks, 31 also dq at V = 128, 63 also dk and dv,
-  # each where the shape rule picks them, 127 at every shape)
-  for wg in 0 1 3 7 15 31 63 127; do
-    PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_WGMMA=$wg ATTNRNN_TC_SEGMENTS=0 python3 scripts/tc_sweep.py \
-      --out "$OUT/sweep_wgmma$wg.json" 2>&1 | sed "s/^/wgmma=$wg /"
-    PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_TC_WGMMA=$wg python3 scripts/kernel_times.py --backward 2>&1 |
-      grep -v -i warn | sed "s/^/kernels wgmma=$wg /"
-  done
-fi
-if want overlap; then
-  # the backward's sweeps overlapped on side streams (1) or in one stream (0): per-call times
-  for c in 1 0; do
-    PYTHONPATH=$PWD:$PYTHONPATH ATTNRNN_BWD_CONCURRENT=$c python3 scripts/tc_sweep.py --out "$OUT/sweep_overlap$c.json" 2>&1 |
-      sed "s/^/overlap=$c /"
   done
 fi
 if want sanitize; then

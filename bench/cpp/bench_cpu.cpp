@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   std::vector<float> S(B * H * K * V), z(B * H * K);
 
   for (bool normalize : {false, true}) {
-    attnrnn::LinearAttnParams p;
+    attnrnn::LinearAttnBwdParams p;
     p.dtype = attnrnn::DType::kFloat32;
     p.batch = B, p.seqlen = T, p.num_heads = H, p.num_kv_heads = H, p.head_dim_k = K, p.head_dim_v = V;
     p.q = {q.data(), T * H * K, H * K, K};
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     const int64_t T1 = 32768;
     auto q1 = random(T1 * K, 0.f, 1.f, rng), k1 = random(T1 * K, 0.f, 1.f, rng), v1 = random(T1 * V, -1.f, 1.f, rng);
     std::vector<float> o1(T1 * V);
-    attnrnn::LinearAttnParams p;
+    attnrnn::LinearAttnFwdParams p;
     p.batch = 1, p.seqlen = T1, p.num_heads = 1, p.num_kv_heads = 1, p.head_dim_k = K, p.head_dim_v = V;
     p.q = {q1.data(), T1 * K, K, K};
     p.k = {k1.data(), T1 * K, K, K};

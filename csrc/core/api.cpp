@@ -36,44 +36,52 @@ const char* status_string(Status status) {
   return "unknown status";
 }
 
-int64_t linear_attn_workspace_bytes(const LinearAttnParams& p) {
+int64_t chunk_linear_attn_saved_bytes(const LinearAttnFwdParams& p) {
 #ifdef ATTNRNN_WITH_CUDA
-  if (p.device == Device::kCUDA) return cuda::workspace_bytes(p);
+  if (p.device == Device::kCUDA) return cuda::chunk_saved_bytes(p);
 #else
   (void)p;
 #endif
   return 0;
 }
 
-bool linear_attn_chunk_fwd_writes_den(const LinearAttnParams& p) {
+int64_t chunk_linear_attn_fwd_workspace_bytes(const LinearAttnFwdParams& p) {
 #ifdef ATTNRNN_WITH_CUDA
-  if (p.device == Device::kCUDA) return cuda::chunk_fwd_writes_den(p);
-#else
-  (void)p;
-#endif
-  return false;
-}
-
-int64_t linear_attn_chunk_fwd_segment_state_floats(const LinearAttnParams& p) {
-#ifdef ATTNRNN_WITH_CUDA
-  if (p.device == Device::kCUDA) return cuda::chunk_fwd_segment_state_floats(p);
+  if (p.device == Device::kCUDA) return cuda::chunk_fwd_workspace_bytes(p);
 #else
   (void)p;
 #endif
   return 0;
 }
 
-bool linear_attn_chunk_saves_features(const LinearAttnParams& p) {
+int64_t chunk_linear_attn_bwd_workspace_bytes(const LinearAttnBwdParams& p) {
 #ifdef ATTNRNN_WITH_CUDA
-  if (p.device == Device::kCUDA && !p.phi_given) return cuda::chunk_saves_features(p);
+  if (p.device == Device::kCUDA) return cuda::chunk_bwd_workspace_bytes(p);
 #else
   (void)p;
 #endif
-  return false;
+  return 0;
+}
+
+int64_t recurrent_linear_attn_bwd_workspace_bytes(const LinearAttnBwdParams& p) {
+#ifdef ATTNRNN_WITH_CUDA
+  if (p.device == Device::kCUDA) return cuda::recurrent_bwd_workspace_bytes(p);
+#else
+  (void)p;
+#endif
+  return 0;
 }
 
 bool built_with_cuda() {
 #ifdef ATTNRNN_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool built_with_wgmma() {
+#ifdef ATTNRNN_WGMMA
   return true;
 #else
   return false;
@@ -147,7 +155,7 @@ Status check_cu_seqlens(Device device, const void* cu, bool is_int64, int64_t nu
   return Status::kSuccess;
 }
 
-Status check_sequence(const LinearAttnParams& p, bool backward) {
+Status check_sequence(const LinearAttnFwdParams& p, const LinearAttnBwdParams* backward) {
   Status s = check_common(p.batch, p.num_heads, p.num_kv_heads, p.head_dim_k, p.head_dim_v, p.eps);
   if (s != Status::kSuccess) return s;
   ATTNRNN_REQUIRE(p.seqlen >= 0, "seqlen must be >= 0, got %lld", (long long)p.seqlen);
@@ -165,20 +173,22 @@ Status check_sequence(const LinearAttnParams& p, bool backward) {
     s = check_cu_seqlens(p.device, p.cu_seqlens, p.cu_seqlens_int64, p.num_seqs, p.seqlen);
     if (s != Status::kSuccess) return s;
   }
-  ATTNRNN_REQUIRE(!p.phi_given || backward, "phi_given is an option of chunk_linear_attn_bwd only");
   const bool empty = p.batch == 0 || p.seqlen == 0;
   if (!empty) {
     ATTNRNN_REQUIRE(p.q.data && p.k.data && p.v.data, "q, k and v must not be null");
-    if (!backward) ATTNRNN_REQUIRE(p.o.data, "o must not be null");
+    if (backward == nullptr) ATTNRNN_REQUIRE(p.o.data, "o must not be null");
   }
-  if (backward && !empty) {
-    ATTNRNN_REQUIRE(p.dout.data, "dout must not be null");
-    ATTNRNN_REQUIRE(p.dq.data && p.dk.data && p.dv.data, "dq, dk and dv must not be null");
+  if (backward != nullptr && !empty) {
+    ATTNRNN_REQUIRE(backward->dout.data, "dout must not be null");
+    ATTNRNN_REQUIRE(backward->dq.data && backward->dk.data && backward->dv.data, "dq, dk and dv must not be null");
   }
   if (!p.normalize) {
-    for (auto [z, name] : {std::pair<const void*, const char*>{p.initial_z, "initial_z"}, {p.final_z, "final_z"},
-                           {p.d_final_z, "d_final_z"}, {p.d_initial_z, "d_initial_z"}})
-      ATTNRNN_REQUIRE(z == nullptr, "%s must be null when normalize is false", name);
+    ATTNRNN_REQUIRE(p.initial_z == nullptr, "initial_z must be null when normalize is false");
+    ATTNRNN_REQUIRE(p.final_z == nullptr, "final_z must be null when normalize is false");
+    if (backward != nullptr) {
+      ATTNRNN_REQUIRE(backward->d_final_z == nullptr, "d_final_z must be null when normalize is false");
+      ATTNRNN_REQUIRE(backward->d_initial_z == nullptr, "d_initial_z must be null when normalize is false");
+    }
   }
   return Status::kSuccess;
 }
@@ -208,70 +218,48 @@ Status check_step(const LinearAttnStepParams& p) {
 }
 
 
-// linear_attn_features reads only q's and k's shapes, the feature map and the two outputs.
-Status check_features(const LinearAttnParams& p, const void* phi_q, const void* phi_k) {
-  ATTNRNN_REQUIRE(p.batch >= 0 && p.seqlen >= 0, "batch and seqlen must be >= 0, got %lld and %lld",
-                  (long long)p.batch, (long long)p.seqlen);
-  ATTNRNN_REQUIRE(p.num_heads >= 1 && p.num_kv_heads >= 1, "num_heads and num_kv_heads must be >= 1, got %lld and %lld",
-                  (long long)p.num_heads, (long long)p.num_kv_heads);
-  ATTNRNN_REQUIRE(p.head_dim_k >= 1 && p.head_dim_k <= kMaxHeadDim, "head_dim_k must be in [1, 256], got %lld",
-                  (long long)p.head_dim_k);
-  ATTNRNN_REQUIRE(known_feature_map(p.feature_map), "feature_map must be kIdentity, kElu1 or kRelu, got %d",
-                  static_cast<int>(p.feature_map));
-  ATTNRNN_REQUIRE_FITS(p.batch, p.seqlen, p.num_heads, p.head_dim_k, "q [batch, seqlen, num_heads, head_dim_k]");
-  ATTNRNN_REQUIRE_FITS(p.batch, p.seqlen, p.num_kv_heads, p.head_dim_k, "k [batch, seqlen, num_kv_heads, head_dim_k]");
-  if (p.batch > 0 && p.seqlen > 0)
-    ATTNRNN_REQUIRE(p.q.data && p.k.data && phi_q && phi_k, "q, k, phi_q and phi_k must not be null");
-  return Status::kSuccess;
-}
-
 #ifdef ATTNRNN_WITH_CUDA
 #define ATTNRNN_CUDA_KERNEL(name) cuda::name
 #else
 #define ATTNRNN_CUDA_KERNEL(name) nullptr
 #endif
 
-// A kernel entry point (params, then any outputs it takes besides them); a member typedef so that
-// nullptr (no CUDA build) does not take part in template argument deduction.
-template <class Params, class... Args>
+// A kernel entry point; a member typedef so that nullptr (no CUDA build) does not take part in
+// template argument deduction.
+template <class Params>
 struct KernelOf {
-  using type = Status (*)(const Params&, Args...);
+  using type = Status (*)(const Params&);
 };
 
-template <class Params, class... Args>
-Status dispatch(const Params& p, Status checked, typename KernelOf<Params, Args...>::type on_cpu,
-                typename KernelOf<Params, Args...>::type on_cuda, Args... args) {
+// The checked params to the device's kernel.
+template <class Params>
+Status dispatch(const Params& p, Status checked, typename KernelOf<Params>::type on_cpu,
+                typename KernelOf<Params>::type on_cuda) {
   if (checked != Status::kSuccess) return checked;
   switch (p.device) {
-    case Device::kCPU: return on_cpu(p, args...);
+    case Device::kCPU: return on_cpu(p);
     case Device::kCUDA:
       if (on_cuda == nullptr) return fail(Status::kNotCompiled, "attnrnn was built without CUDA kernels");
-      return on_cuda(p, args...);
+      return on_cuda(p);
   }
   return fail(Status::kInvalidArgument, "unknown device %d", static_cast<int>(p.device));
 }
 
 }  // namespace
 
-Status chunk_linear_attn_fwd(const LinearAttnParams& p) {
-  return dispatch(p, check_sequence(p, false), cpu::chunk_fwd, ATTNRNN_CUDA_KERNEL(chunk_fwd));
+Status chunk_linear_attn_fwd(const LinearAttnFwdParams& p) {
+  return dispatch(p, check_sequence(p, nullptr), cpu::chunk_fwd, ATTNRNN_CUDA_KERNEL(chunk_fwd));
 }
-Status chunk_linear_attn_bwd(const LinearAttnParams& p) {
-  return dispatch(p, check_sequence(p, true), cpu::chunk_bwd, ATTNRNN_CUDA_KERNEL(chunk_bwd));
+Status chunk_linear_attn_bwd(const LinearAttnBwdParams& p) {
+  return dispatch(p, check_sequence(p, &p), cpu::chunk_bwd, ATTNRNN_CUDA_KERNEL(chunk_bwd));
 }
-Status recurrent_linear_attn_fwd(const LinearAttnParams& p) {
-  return dispatch(p, check_sequence(p, false), cpu::recurrent_fwd, ATTNRNN_CUDA_KERNEL(recurrent_fwd));
+Status recurrent_linear_attn_fwd(const LinearAttnFwdParams& p) {
+  return dispatch(p, check_sequence(p, nullptr), cpu::recurrent_fwd, ATTNRNN_CUDA_KERNEL(recurrent_fwd));
 }
-Status recurrent_linear_attn_bwd(const LinearAttnParams& p) {
-  const Status checked = p.phi_given ? fail(Status::kInvalidArgument,
-                                            "phi_given is an option of chunk_linear_attn_bwd only")
-                                     : check_sequence(p, true);
-  return dispatch(p, checked, cpu::recurrent_bwd, ATTNRNN_CUDA_KERNEL(recurrent_bwd));
+Status recurrent_linear_attn_bwd(const LinearAttnBwdParams& p) {
+  return dispatch(p, check_sequence(p, &p), cpu::recurrent_bwd, ATTNRNN_CUDA_KERNEL(recurrent_bwd));
 }
 
-Status linear_attn_features(const LinearAttnParams& p, void* phi_q, void* phi_k) {
-  return dispatch(p, check_features(p, phi_q, phi_k), cpu::features, ATTNRNN_CUDA_KERNEL(features), phi_q, phi_k);
-}
 Status linear_attn_step(const LinearAttnStepParams& p) {
   return dispatch(p, check_step(p), cpu::step, ATTNRNN_CUDA_KERNEL(step));
 }
@@ -279,8 +267,7 @@ Status linear_attn_step(const LinearAttnStepParams& p) {
 }  // namespace attnrnn
 
 // ---- softmax attention as an RNN --------------------------------------------------------------
-// CUDA params run the kernels of csrc/cuda/softmax_*.cuh; a build without CUDA returns
-// kNotImplemented (the glue raises NotImplementedError naming the op).
+// CUDA params run the kernels of csrc/cuda/softmax/; a build without CUDA returns kNotCompiled.
 #include "softmax_kernels.h"
 
 namespace attnrnn {
@@ -337,32 +324,16 @@ Status check_softmax_step(const SoftmaxAttnStepParams& p) {
 }
 
 
-template <class Params>
-Status dispatch_softmax(const Params& p, Status checked, typename KernelOf<Params>::type on_cpu,
-                        typename KernelOf<Params>::type on_cuda, const char* op) {
-  if (checked != Status::kSuccess) return checked;
-  switch (p.device) {
-    case Device::kCPU: return on_cpu(p);
-    case Device::kCUDA:
-      if (on_cuda == nullptr) return fail(Status::kNotImplemented, "%s has no CUDA kernel yet (CPU only)", op);
-      return on_cuda(p);
-  }
-  return fail(Status::kInvalidArgument, "unknown device %d", static_cast<int>(p.device));
-}
-
 }  // namespace
 
 Status softmax_attn_fwd(const SoftmaxAttnParams& p) {
-  return dispatch_softmax(p, check_softmax(p, false), cpu::softmax_fwd, ATTNRNN_CUDA_KERNEL(softmax_fwd),
-                          "softmax_attn_fwd");
+  return dispatch(p, check_softmax(p, false), cpu::softmax_fwd, ATTNRNN_CUDA_KERNEL(softmax_fwd));
 }
 Status softmax_attn_bwd(const SoftmaxAttnParams& p) {
-  return dispatch_softmax(p, check_softmax(p, true), cpu::softmax_bwd, ATTNRNN_CUDA_KERNEL(softmax_bwd),
-                          "softmax_attn_bwd");
+  return dispatch(p, check_softmax(p, true), cpu::softmax_bwd, ATTNRNN_CUDA_KERNEL(softmax_bwd));
 }
 Status softmax_attn_step(const SoftmaxAttnStepParams& p) {
-  return dispatch_softmax(p, check_softmax_step(p), cpu::softmax_step, ATTNRNN_CUDA_KERNEL(softmax_step),
-                          "softmax_attn_step");
+  return dispatch(p, check_softmax_step(p), cpu::softmax_step, ATTNRNN_CUDA_KERNEL(softmax_step));
 }
 
 }  // namespace attnrnn

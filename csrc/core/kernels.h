@@ -10,25 +10,23 @@ namespace attnrnn {
 Status fail(Status status, const char* fmt, ...);
 
 namespace cpu {
-Status chunk_fwd(const LinearAttnParams& p);
-Status chunk_bwd(const LinearAttnParams& p);
-Status recurrent_fwd(const LinearAttnParams& p);
-Status recurrent_bwd(const LinearAttnParams& p);
+Status chunk_fwd(const LinearAttnFwdParams& p);
+Status chunk_bwd(const LinearAttnBwdParams& p);
+Status recurrent_fwd(const LinearAttnFwdParams& p);
+Status recurrent_bwd(const LinearAttnBwdParams& p);
 Status step(const LinearAttnStepParams& p);
-Status features(const LinearAttnParams& p, void* phi_q, void* phi_k);
 }  // namespace cpu
 
 namespace cuda {
-Status chunk_fwd(const LinearAttnParams& p);
-Status chunk_bwd(const LinearAttnParams& p);
-Status recurrent_fwd(const LinearAttnParams& p);
-Status recurrent_bwd(const LinearAttnParams& p);
+Status chunk_fwd(const LinearAttnFwdParams& p);
+Status chunk_bwd(const LinearAttnBwdParams& p);
+Status recurrent_fwd(const LinearAttnFwdParams& p);
+Status recurrent_bwd(const LinearAttnBwdParams& p);
 Status step(const LinearAttnStepParams& p);
-int64_t workspace_bytes(const LinearAttnParams& p);  // forward when p.dout.data is null, else backward
-bool chunk_fwd_writes_den(const LinearAttnParams& p);
-int64_t chunk_fwd_segment_state_floats(const LinearAttnParams& p);
-Status features(const LinearAttnParams& p, void* phi_q, void* phi_k);
-bool chunk_saves_features(const LinearAttnParams& p);
+int64_t chunk_saved_bytes(const LinearAttnFwdParams& p);
+int64_t chunk_fwd_workspace_bytes(const LinearAttnFwdParams& p);
+int64_t chunk_bwd_workspace_bytes(const LinearAttnBwdParams& p);
+int64_t recurrent_bwd_workspace_bytes(const LinearAttnBwdParams& p);
 }  // namespace cuda
 
 }  // namespace attnrnn

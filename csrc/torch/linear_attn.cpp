@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "attnrnn/attnrnn.h"
 #include "attnrnn/torch.h"
@@ -69,7 +70,7 @@ DType check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, d
 
 // Everything the forward and backward of both forms need to know about (q, k, v, state, varlen).
 struct SequenceArgs {
-  LinearAttnParams params;
+  LinearAttnBwdParams params;  // the forward's fields filled; the backward adds its own
   at::Tensor initial_S, initial_z, cu_seqlens;  // kept alive (contiguous copies when needed)
   int64_t num_states = 0;                       // N
 };
@@ -82,7 +83,7 @@ SequenceArgs sequence_args(const at::Tensor& q, const at::Tensor& k, const at::T
   check_rank(k, 4, op, "k", "[B, T, Hkv, K]");
   check_rank(v, 4, op, "v", "[B, T, Hkv, V]");
   SequenceArgs a;
-  LinearAttnParams& p = a.params;
+  LinearAttnBwdParams& p = a.params;
   p.dtype = check_qkv(q, k, v, scale, eps, op);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
   const int64_t Hkv = k.size(2), V = v.size(3);
@@ -137,46 +138,27 @@ SequenceArgs sequence_args(const at::Tensor& q, const at::Tensor& k, const at::T
   return a;
 }
 
-using Launch = Status (*)(const LinearAttnParams&);
-
-// Device scratch of the call (kept alive by the caller until the launch returns; stream-ordered).
-at::Tensor allocate_workspace(LinearAttnParams& p, const at::Tensor& like) {
-  const int64_t bytes = linear_attn_workspace_bytes(p);
-  if (bytes == 0) return at::Tensor();
-  at::Tensor workspace = at::empty({bytes}, like.options().dtype(at::kByte));
-  p.workspace = workspace.data_ptr();
-  return workspace;
+// Device memory of `bytes` bytes on q's device (kept alive by the caller until the launch returns;
+// stream-ordered), or an undefined tensor for 0.
+at::Tensor device_bytes(int64_t bytes, const at::Tensor& q) {
+  return bytes == 0 ? at::Tensor() : at::empty({bytes}, q.options().dtype(at::kByte));
 }
 
-// The forward's segment states (params.segment_states_out / _in) as a float32 tensor of
-// linear_attn_chunk_fwd_segment_state_floats(p) elements on q's device; `what` names it in errors.
-float* checked_segment_states(const at::Tensor& t, const LinearAttnParams& p, const at::Tensor& q, const char* op) {
-  const int64_t floats = linear_attn_chunk_fwd_segment_state_floats(p);
-  TORCH_CHECK_VALUE(floats > 0, op, ": segment_states: the forward saves no segment states for these inputs "
-                    "(chunk_fwd_segment_state_floats() is 0); pass None");
-  check_same_device(t, q, op, "segment_states");
-  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat, op, ": segment_states must be float32, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.is_contiguous() && t.numel() == floats, op, ": segment_states must be a contiguous tensor of ",
-                    floats, " elements (chunk_fwd_segment_state_floats()), got shape ", shape_of(t));
-  return t.data_ptr<float>();
-}
-
-// -> (o, S_final, z_final, den); den is the saved w = scale / den [B, T, H] float32 when save_den
-// and the forward's kernels write it (linear_attn_chunk_fwd_writes_den), else empty.
+// -> (o, S_final, z_final, saved); saved is what the chunk backward reads (bytes), empty unless
+// for_backward.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
     const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
-    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size, bool save_den,
-    const OptTensor& segment_states, Launch launch, const char* op) {
+    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size, bool for_backward,
+    bool recurrent, const char* op) {
   SequenceArgs a = sequence_args(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
                                  normalize, chunk_size, op);
-  LinearAttnParams& p = a.params;
-  const c10::DeviceGuard guard(q.device());  // the plan (segment states) asks the current device
-  if (segment_states.has_value()) p.segment_states_out = checked_segment_states(*segment_states, p, q, op);
+  LinearAttnFwdParams& p = a.params;
+  const c10::DeviceGuard guard(q.device());  // the plan asks the current device
   const auto state_opts = q.options().dtype(state_scalar_type(q));
   at::Tensor o = at::empty({p.batch, p.seqlen, p.num_heads, p.head_dim_v}, q.options());
   p.o = mut_view(o);
-  at::Tensor S_final, z_final, den;
+  at::Tensor S_final, z_final;
   if (output_final_state) {
     S_final = at::empty({a.num_states, p.num_kv_heads, p.head_dim_k, p.head_dim_v}, state_opts);
     p.final_S = mut_data_or_null(S_final);
@@ -185,57 +167,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
       p.final_z = mut_data_or_null(z_final);
     }
   }
-  if (save_den && linear_attn_chunk_fwd_writes_den(p)) {
-    // Packed sequences may leave tokens uncovered (before cu_seqlens[0], after cu_seqlens[N]): zeros there.
-    const auto den_opts = q.options().dtype(at::kFloat);
-    den = a.cu_seqlens.defined() ? at::zeros({p.batch, p.seqlen, p.num_heads}, den_opts)
-                                 : at::empty({p.batch, p.seqlen, p.num_heads}, den_opts);
-    p.den_out = den.data_ptr();
-  }
-  const at::Tensor workspace = allocate_workspace(p, q);
-  check_status(launch(p), op);
+  at::Tensor saved = for_backward && !recurrent ? device_bytes(chunk_linear_attn_saved_bytes(p), q) : at::Tensor();
+  p.saved = saved.defined() ? saved.data_ptr() : nullptr;
+  const at::Tensor workspace = recurrent ? at::Tensor() : device_bytes(chunk_linear_attn_fwd_workspace_bytes(p), q);
+  p.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
+  check_status(recurrent ? recurrent_linear_attn_fwd(p) : chunk_linear_attn_fwd(p), op);
   // The results the call was not asked for are empty tensors, made after the launch: the host's
   // time before the kernel starts is the call's latency on an idle GPU.
   if (!S_final.defined()) S_final = at::empty({0}, state_opts);
   if (!z_final.defined()) z_final = at::empty({0}, state_opts);
-  if (!den.defined()) den = at::empty({0}, q.options().dtype(at::kFloat));
-  return {o, S_final, z_final, den};
+  if (!saved.defined()) saved = at::empty({0}, q.options().dtype(at::kByte));
+  return {o, S_final, z_final, saved};
 }
 
+// -> (dq, dk, dv, d_initial_S, d_initial_z)
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
-    const at::Tensor& dout, const OptTensor& o, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
-    const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
-    const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize,
-    int64_t chunk_size, const OptTensor& den, const OptTensor& segment_states, bool phi_given, Launch launch,
-    const char* op) {
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& o,
+    const OptTensor& saved, const OptTensor& d_final_S, const OptTensor& d_final_z, const OptTensor& initial_S,
+    const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map,
+    bool normalize, int64_t chunk_size, bool recurrent, const char* op) {
   SequenceArgs a = sequence_args(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
                                  normalize, chunk_size, op);
-  LinearAttnParams& p = a.params;
-  p.phi_given = phi_given;
+  LinearAttnBwdParams& p = a.params;
   const int64_t N = a.num_states, Hkv = p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
-  check_rank(dout, 4, op, "grad of o", "[B, T, H, V]");
-  check_same_device(dout, q, op, "grad of o");
-  TORCH_CHECK_VALUE(dout.scalar_type() == q.scalar_type(), op, ": grad of o must have the dtype of q (",
-                    q.scalar_type(), "), got ", dout.scalar_type());
-  check_exact_shape(dout, {p.batch, p.seqlen, p.num_heads, V}, op, "grad of o");
-  check_unit_last_stride(dout, op, "grad of o");
-  if (o.has_value()) {
-    check_same_device(*o, q, op, "o");
-    TORCH_CHECK_VALUE(o->scalar_type() == q.scalar_type(), op, ": o must have the dtype of q (", q.scalar_type(),
-                      "), got ", o->scalar_type());
-    check_exact_shape(*o, {p.batch, p.seqlen, p.num_heads, V}, op, "o");
-    check_unit_last_stride(*o, op, "o");
-  } else {
-    TORCH_CHECK_VALUE(!(normalize && q.is_cuda()), op, ": o (the forward output) is required with normalize=True");
-  }
-  // The forward's saved w (an empty tensor stands for "not saved", as the forward returns it).
-  if (den.has_value() && den->numel() > 0) {
-    check_same_device(*den, q, op, "den");
-    TORCH_CHECK_VALUE(normalize, op, ": den (the forward's saved denominators) must be None with normalize=False");
-    TORCH_CHECK_VALUE(den->scalar_type() == at::kFloat, op, ": den must be float32, got ", den->scalar_type());
-    check_exact_shape(*den, {p.batch, p.seqlen, p.num_heads}, op, "den");
-    TORCH_CHECK_VALUE(den->is_contiguous(), op, ": den must be contiguous");
-    p.den_in = den->data_ptr();
+  // o, the forward's output: read with normalize on CUDA (dd_t = dout_t . o_t), unused elsewhere
+  TORCH_CHECK_VALUE(o.has_value() || !(normalize && q.is_cuda()), op,
+                    ": o (the forward output) is required with normalize=True");
+  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&dout, "grad of o"}, {o ? &*o : nullptr, "o"}}) {
+    if (t == nullptr) continue;
+    check_rank(*t, 4, op, name, "[B, T, H, V]");
+    check_same_device(*t, q, op, name);
+    check_same_dtype(*t, q, op, name);
+    check_exact_shape(*t, {p.batch, p.seqlen, p.num_heads, V}, op, name);
+    check_unit_last_stride(*t, op, name);
   }
   at::Tensor dS_final, dz_final;
   if (d_final_S.has_value()) dS_final = checked_state(*d_final_S, q, {N, Hkv, K, V}, op, "grad of final_state.S");
@@ -245,7 +209,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   }
 
   const c10::DeviceGuard guard(q.device());
-  if (segment_states.has_value()) p.segment_states_in = checked_segment_states(*segment_states, p, q, op);
   const auto state_opts = q.options().dtype(state_scalar_type(q));
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());
@@ -262,8 +225,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   p.d_final_z = dz_final.defined() ? dz_final.data_ptr() : nullptr;
   if (dS0.defined()) p.d_initial_S = mut_data_or_null(dS0);
   if (dz0.defined()) p.d_initial_z = mut_data_or_null(dz0);
-  const at::Tensor workspace = allocate_workspace(p, q);
-  check_status(launch(p), op);
+  if (saved.has_value()) {
+    // What the forward of these inputs kept: its size is the plan's, whatever it holds.
+    const int64_t bytes = chunk_linear_attn_saved_bytes(p);
+    check_same_device(*saved, q, op, "saved");
+    TORCH_CHECK_VALUE(saved->scalar_type() == at::kByte && saved->dim() == 1 && saved->numel() == bytes &&
+                          saved->is_contiguous(),
+                      op, ": saved must be the forward's saved tensor for these inputs (uint8 [", bytes,
+                      "]), got ", saved->scalar_type(), " of shape ", shape_of(*saved));
+    p.saved = bytes > 0 ? saved->data_ptr() : nullptr;
+  }
+  const at::Tensor workspace = device_bytes(
+      recurrent ? recurrent_linear_attn_bwd_workspace_bytes(p) : chunk_linear_attn_bwd_workspace_bytes(p), q);
+  p.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
+  check_status(recurrent ? recurrent_linear_attn_bwd(p) : chunk_linear_attn_bwd(p), op);
   // As in the forward: the placeholders for gradients nobody asked for come after the launch.
   if (!dS0.defined()) dS0 = at::empty({0}, state_opts);
   if (!dz0.defined()) dz0 = at::empty({0}, state_opts);
@@ -275,99 +250,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
     const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
-    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size, bool save_den) {
-  return forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
-                 output_final_state, chunk_size, save_den, std::nullopt, chunk_linear_attn_fwd, "chunk_linear_attn");
+    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size, bool for_backward) {
+  return forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
+                 chunk_size, for_backward, false, "chunk_linear_attn");
 }
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_fwd_with_segment_states(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
-    const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
-    std::string_view feature_map, bool normalize, bool output_final_state, int64_t chunk_size, bool save_den,
-    at::Tensor& segment_states) {
-  return forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
-                 output_final_state, chunk_size, save_den, segment_states, chunk_linear_attn_fwd, "chunk_linear_attn");
-}
-
-int64_t chunk_fwd_segment_state_floats(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                       const OptTensor& cu_seqlens, std::string_view feature_map, bool normalize,
-                                       int64_t chunk_size) {
-  if (!q.is_cuda()) return 0;
-  const SequenceArgs a = sequence_args(q, k, v, std::nullopt, std::nullopt, cu_seqlens, 1.0, 1e-6, feature_map,
-                                       normalize, chunk_size, "chunk_linear_attn");
-  const c10::DeviceGuard guard(q.device());  // the plan asks the current device (SM count, sm_90a)
-  return linear_attn_chunk_fwd_segment_state_floats(a.params);
-}
-
-std::tuple<at::Tensor, at::Tensor> features(const at::Tensor& q, const at::Tensor& k, std::string_view feature_map) {
-  constexpr const char* op = "linear_attn features";
-  check_rank(q, 4, op, "q", "[B, T, H, K]");
-  check_rank(k, 4, op, "k", "[B, T, Hkv, K]");
-  check_same_device(k, q, op, "k");
-  LinearAttnParams p;
-  p.dtype = dtype_of(q, op, "q");
-  TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type(), op, ": k must have the dtype of q (", q.scalar_type(),
-                    "), got ", k.scalar_type());
-  TORCH_CHECK_VALUE(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), op,
-                    ": k must have the batch, length and head dim of q (", q.size(0), ", ", q.size(1), ", ",
-                    q.size(3), "), got shape ", shape_of(k));
-  check_unit_last_stride(q, op, "q");
-  check_unit_last_stride(k, op, "k");
-  set_device(p, q);
-  p.batch = q.size(0);
-  p.seqlen = q.size(1);
-  p.num_heads = q.size(2);
-  p.num_kv_heads = k.size(2);
-  p.head_dim_k = q.size(3);
-  p.q = const_view(q);
-  p.k = const_view(k);
-  p.feature_map = parse_feature_map(feature_map, op);
-  const c10::DeviceGuard guard(q.device());
-  at::Tensor phi_q = at::empty(q.sizes(), q.options()), phi_k = at::empty(k.sizes(), k.options());
-  check_status(linear_attn_features(p, phi_q.data_ptr(), phi_k.data_ptr()), op);
-  return {phi_q, phi_k};
-}
-
-bool chunk_saves_features(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& cu_seqlens,
-                          std::string_view feature_map, bool normalize, int64_t chunk_size) {
-  if (!q.is_cuda()) return false;
-  const SequenceArgs a = sequence_args(q, k, v, std::nullopt, std::nullopt, cu_seqlens, 1.0, 1e-6, feature_map,
-                                       normalize, chunk_size, "chunk_linear_attn");
-  const c10::DeviceGuard guard(q.device());  // the plan asks the current device
-  return linear_attn_chunk_saves_features(a.params);
-}
-
-constexpr int64_t kRecurrentChunk = 1;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S,
     const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps,
     std::string_view feature_map, bool normalize, bool output_final_state) {
-  // chunk_size 1 (the recurrent form): the kernels ignore it, and the workspace query then leaves out
-  // what only the chunked tensor-core sweeps use (their split partials and phi(q), phi(k)).
-  auto [o, S, z, den] = forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
-                                output_final_state, kRecurrentChunk, false, std::nullopt, recurrent_linear_attn_fwd,
-                                "recurrent_linear_attn");
+  auto [o, S, z, saved] = forward(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
+                                  output_final_state, 0, false, true, "recurrent_linear_attn");
   return {o, S, z};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_bwd(
-    const at::Tensor& dout, const OptTensor& o, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
-    const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
-    const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize,
-    int64_t chunk_size, const OptTensor& den, const OptTensor& segment_states, bool phi_given) {
-  return backward(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
-                  feature_map, normalize, chunk_size, den, segment_states, phi_given, chunk_linear_attn_bwd,
-                  "chunk_linear_attn backward");
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& o,
+    const at::Tensor& saved, const OptTensor& d_final_S, const OptTensor& d_final_z, const OptTensor& initial_S,
+    const OptTensor& initial_z, const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map,
+    bool normalize, int64_t chunk_size) {
+  return backward(dout, q, k, v, o, saved, d_final_S, d_final_z, initial_S, initial_z, cu_seqlens, scale, eps,
+                  feature_map, normalize, chunk_size, false, "chunk_linear_attn backward");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrent_bwd(
-    const at::Tensor& dout, const OptTensor& o, const OptTensor& d_final_S, const OptTensor& d_final_z, const at::Tensor& q,
-    const at::Tensor& k, const at::Tensor& v, const OptTensor& initial_S, const OptTensor& initial_z,
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& o,
+    const OptTensor& d_final_S, const OptTensor& d_final_z, const OptTensor& initial_S, const OptTensor& initial_z,
     const OptTensor& cu_seqlens, double scale, double eps, std::string_view feature_map, bool normalize) {
-  return backward(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps,
-                  feature_map, normalize, kRecurrentChunk, std::nullopt, std::nullopt, false,
-                  recurrent_linear_attn_bwd, "recurrent_linear_attn backward");
+  return backward(dout, q, k, v, o, std::nullopt, d_final_S, d_final_z, initial_S, initial_z, cu_seqlens, scale, eps,
+                  feature_map, normalize, 0, true, "recurrent_linear_attn backward");
 }
 
 at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& S,

@@ -16,6 +16,8 @@
 #include <string_view>
 #include <tuple>
 
+#include "attnrnn/attnrnn.h"
+#include "attnrnn/testing.h"
 #include "attnrnn/torch.h"
 #include "operators.h"
 
@@ -119,7 +121,7 @@ bool check_count(Py_ssize_t given, Py_ssize_t wanted, const char* name) {
 }
 
 // chunk_fwd(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize,
-//           output_final_state, chunk_size, save_den) -> (o, S, z, den), as the schema.
+//           output_final_state, chunk_size, for_backward) -> (o, S, z, saved), as the schema.
 PyObject* chunk_fwd(PyObject*, PyObject* const* items, Py_ssize_t count) {
   ForwardResult out;
   HANDLE_TH_ERRORS
@@ -132,12 +134,12 @@ PyObject* chunk_fwd(PyObject*, PyObject* const* items, Py_ssize_t count) {
   const std::string_view feature_map = a.text(8);
   const bool normalize = a.boolean(9), output_final_state = a.boolean(10);
   const int64_t chunk_size = a.integer(11);
-  const bool save_den = a.boolean(12);
+  const bool for_backward = a.boolean(12);
   if (!a.usable) return not_implemented();
   const auto& op = attnrnn::operators::chunk_fwd();
   const GilReleased no_gil;
   out = op.call(*q, *k, *v, S0, z0, cu_seqlens, scale, eps, feature_map, normalize, output_final_state, chunk_size,
-                save_den);
+                for_backward);
   END_HANDLE_TH_ERRORS
   // Wrapped once the warning handler has gone: a warning it turns into an error (warnings as
   // errors) then leaves no Python objects behind.
@@ -187,45 +189,37 @@ PyObject* softmax_attn_step(PyObject*, PyObject* const* items, Py_ssize_t count)
   return THPVariable_Wrap(std::move(o));
 }
 
-// The plan queries of attnrnn/torch.h, which take (q, k, v, cu_seqlens, feature_map, normalize,
-// chunk_size). The autograd kernel asks them in C++; Python asks for tests of the operators.
-template <class Query>
-PyObject* plan_query(PyObject* const* items, Py_ssize_t count, const char* name, Query query) {
-  if (!check_count(count, 7, name)) return nullptr;
+// The test override of the CUDA chunk plan (attnrnn/testing.h):
+// _set_plan_override(mma_sync: bool, segments: int, pairing: int, separate_grad_kv: bool).
+PyObject* set_plan_override(PyObject*, PyObject* const* items, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  if (!check_count(count, 4, "_set_plan_override")) return nullptr;
   Args a{items};
-  const at::Tensor *q = a.tensor(0), *k = a.tensor(1), *v = a.tensor(2);
-  const OptTensor cu_seqlens = a.optional_tensor(3);
-  const std::string_view feature_map = a.text(4);
-  const bool normalize = a.boolean(5);
-  const int64_t chunk_size = a.integer(6);
-  if (!a.usable) {
-    PyErr_Format(PyExc_TypeError,
-                 "%s expects (Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens, str feature_map, bool normalize, "
-                 "int chunk_size)",
-                 name);
+  attnrnn::testing::PlanOverride forced;
+  forced.mma_sync = a.boolean(0);
+  forced.segments = static_cast<int>(a.integer(1));
+  const int64_t pairing = a.integer(2);
+  forced.separate_grad_kv = a.boolean(3);
+  if (!a.usable || pairing < 0 || pairing > 2) {
+    PyErr_SetString(PyExc_TypeError,
+                    "_set_plan_override expects (bool mma_sync, int segments, int pairing in 0..2, bool separate_grad_kv)");
     return nullptr;
   }
-  return query(*q, *k, *v, cu_seqlens, feature_map, normalize, chunk_size);
-}
-
-// chunk_fwd_segment_state_floats(...) -> int: the size of chunk_fwd_with_segment_states' buffer for
-// these inputs, 0 where the forward saves none.
-PyObject* chunk_fwd_segment_state_floats(PyObject*, PyObject* const* items, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
-  return plan_query(items, count, "chunk_fwd_segment_state_floats", [](const auto&... args) {
-    return PyLong_FromLongLong(attnrnn::aten::chunk_fwd_segment_state_floats(args...));
-  });
+  forced.pairing = static_cast<attnrnn::testing::Pairing>(pairing);
+  attnrnn::testing::set_plan_override(forced);
+  Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
 
-// chunk_saves_features(...) -> bool: whether autograd saves phi(q), phi(k) for chunk_bwd's phi_given.
-PyObject* chunk_saves_features(PyObject*, PyObject* const* items, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
-  return plan_query(items, count, "chunk_saves_features", [](const auto&... args) {
-    return PyBool_FromLong(attnrnn::aten::chunk_saves_features(args...));
-  });
-  END_HANDLE_TH_ERRORS
+// _plan_override() -> (mma_sync, segments, pairing, separate_grad_kv)
+PyObject* get_plan_override(PyObject*, PyObject*) {
+  const attnrnn::testing::PlanOverride forced = attnrnn::testing::plan_override();
+  return Py_BuildValue("(OiiO)", forced.mma_sync ? Py_True : Py_False, forced.segments, static_cast<int>(forced.pairing),
+                       forced.separate_grad_kv ? Py_True : Py_False);
 }
+
+// built_with_wgmma() -> bool: the CUDA kernels include sm_90a code (the wgmma sweeps).
+PyObject* built_with_wgmma(PyObject*, PyObject*) { return PyBool_FromLong(attnrnn::built_with_wgmma()); }
 
 PyMethodDef methods[] = {
     {"chunk_fwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_fwd)), METH_FASTCALL,
@@ -234,11 +228,10 @@ PyMethodDef methods[] = {
      "The eager call of torch.ops.attnrnn.step.default (NotImplemented: use torch.ops)."},
     {"softmax_attn_step", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&softmax_attn_step)),
      METH_FASTCALL, "The eager call of torch.ops.attnrnn.softmax_attn_step.default (NotImplemented: use torch.ops)."},
-    {"chunk_fwd_segment_state_floats",
-     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_fwd_segment_state_floats)), METH_FASTCALL,
-     "Elements of chunk_fwd_with_segment_states' buffer for these inputs (0: the forward saves none)."},
-    {"chunk_saves_features", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_saves_features)),
-     METH_FASTCALL, "Whether autograd saves phi(q), phi(k) for chunk_bwd (phi_given) instead of q and k."},
+    {"_set_plan_override", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&set_plan_override)),
+     METH_FASTCALL, "Test hook: force the CUDA chunk plan's choices (attnrnn/testing.h)."},
+    {"_plan_override", &get_plan_override, METH_NOARGS, "The CUDA chunk plan's test override in force."},
+    {"built_with_wgmma", &built_with_wgmma, METH_NOARGS, "Whether the CUDA kernels include sm_90a code."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef attnrnn_module = {PyModuleDef_HEAD_INIT, "_C", "attnrnn operator registrations and eager calls", -1,

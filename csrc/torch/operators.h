@@ -14,26 +14,22 @@
 namespace attnrnn::operators {
 
 using OptTensor = std::optional<at::Tensor>;
-using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;             // o, S, z, den
+using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;             // o, S, z, saved
 using BackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // dq, dk, dv, dS0, dz0
 
 using ChunkFwd = ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
                                const OptTensor&, const OptTensor&, double, double, std::string_view, bool, bool,
                                int64_t, bool);
-using ChunkFwdWithSegmentStates = ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                const OptTensor&, const OptTensor&, const OptTensor&, double, double,
-                                                std::string_view, bool, bool, int64_t, bool, at::Tensor&);
 using RecurrentFwd = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                                     const at::Tensor&, const OptTensor&,
                                                                     const OptTensor&, const OptTensor&, double, double,
                                                                     std::string_view, bool, bool);
-using ChunkBwd = BackwardResult(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-                                const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
-                                const OptTensor&, const OptTensor&, double, double, std::string_view, bool, int64_t,
-                                const OptTensor&, const OptTensor&, bool);
-using Features = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, std::string_view);
-using RecurrentBwd = BackwardResult(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-                                    const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
+using ChunkBwd = BackwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                const OptTensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
+                                const OptTensor&, const OptTensor&, const OptTensor&, double, double,
+                                std::string_view, bool, int64_t);
+using RecurrentBwd = BackwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                    const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&,
                                     const OptTensor&, const OptTensor&, double, double, std::string_view, bool);
 using Step = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, const OptTensor&,
                         const OptTensor&, double, double, std::string_view, bool);
@@ -50,20 +46,12 @@ inline const auto& chunk_fwd() {
   static const auto op = find<ChunkFwd>("attnrnn::chunk_fwd");
   return op;
 }
-inline const auto& chunk_fwd_with_segment_states() {
-  static const auto op = find<ChunkFwdWithSegmentStates>("attnrnn::chunk_fwd_with_segment_states");
-  return op;
-}
 inline const auto& recurrent_fwd() {
   static const auto op = find<RecurrentFwd>("attnrnn::recurrent_fwd");
   return op;
 }
 inline const auto& chunk_bwd() {
   static const auto op = find<ChunkBwd>("attnrnn::chunk_bwd");
-  return op;
-}
-inline const auto& features() {
-  static const auto op = find<Features>("attnrnn::features");
   return op;
 }
 inline const auto& recurrent_bwd() {

@@ -14,32 +14,21 @@
 #include "operators.h"
 
 TORCH_LIBRARY(attnrnn, m) {
+  // for_backward: also return what chunk_bwd reads (saved, uint8; empty otherwise).
   m.def(
       "chunk_fwd(Tensor q, Tensor k, Tensor v, Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, "
       "float scale, float eps, str feature_map, bool normalize, bool output_final_state, int chunk_size, "
-      "bool save_den=False) -> (Tensor, Tensor, Tensor, Tensor)");
-  // chunk_fwd that also writes the forward's segment states for chunk_bwd's dq sweep: what the
-  // autograd kernel calls on CUDA tensors where chunk_fwd_segment_state_floats() is not 0
-  // (csrc/torch/autograd.cpp). A separate operator, so that chunk_fwd itself writes no argument
-  // (vmap's fallback and functionalization take it as a pure function).
+      "bool for_backward=False) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
-      "chunk_fwd_with_segment_states(Tensor q, Tensor k, Tensor v, Tensor? initial_S, Tensor? initial_z, "
-      "Tensor? cu_seqlens, float scale, float eps, str feature_map, bool normalize, bool output_final_state, "
-      "int chunk_size, bool save_den, Tensor(a!) segment_states) -> (Tensor, Tensor, Tensor, Tensor)");
-  m.def(
-      "chunk_bwd(Tensor dout, Tensor? o, Tensor? d_final_S, Tensor? d_final_z, Tensor q, Tensor k, Tensor v, "
-      "Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, float scale, float eps, str feature_map, "
-      "bool normalize, int chunk_size, Tensor? den=None, Tensor? segment_states=None, bool phi_given=False) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // phi(q), phi(k) for chunk_bwd's phi_given: what the autograd kernel saves instead of q and k where
-  // chunk_saves_features() (csrc/torch/autograd.cpp).
-  m.def("features(Tensor q, Tensor k, str feature_map) -> (Tensor, Tensor)");
+      "chunk_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor? o, Tensor saved, Tensor? d_final_S, "
+      "Tensor? d_final_z, Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, float scale, float eps, "
+      "str feature_map, bool normalize, int chunk_size) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "recurrent_fwd(Tensor q, Tensor k, Tensor v, Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, "
       "float scale, float eps, str feature_map, bool normalize, bool output_final_state) "
       "-> (Tensor, Tensor, Tensor)");
   m.def(
-      "recurrent_bwd(Tensor dout, Tensor? o, Tensor? d_final_S, Tensor? d_final_z, Tensor q, Tensor k, Tensor v, "
+      "recurrent_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor? o, Tensor? d_final_S, Tensor? d_final_z, "
       "Tensor? initial_S, Tensor? initial_z, Tensor? cu_seqlens, float scale, float eps, str feature_map, "
       "bool normalize) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
@@ -62,9 +51,7 @@ using attnrnn::operators::OptTensor;
 
 void register_impls(torch::Library& m) {
   m.impl("chunk_fwd", &attnrnn::aten::chunk_fwd);
-  m.impl("chunk_fwd_with_segment_states", &attnrnn::aten::chunk_fwd_with_segment_states);
   m.impl("chunk_bwd", &attnrnn::aten::chunk_bwd);
-  m.impl("features", &attnrnn::aten::features);
   m.impl("recurrent_fwd", &attnrnn::aten::recurrent_fwd);
   m.impl("recurrent_bwd", &attnrnn::aten::recurrent_bwd);
   m.impl("step", &attnrnn::aten::step);
@@ -73,26 +60,10 @@ void register_impls(torch::Library& m) {
   m.impl("softmax_attn_step", &attnrnn::aten::softmax_attn_step);
 }
 
-// The in-place ops bump the version counter of every tensor their schema marks as written, as
+// The decode steps bump the version counter of every tensor their schema marks as written, as
 // PyTorch's own in-place ops do: autograd then refuses a backward that would read a saved tensor
-// these ops have since overwritten.
-void bump_written_tensors(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  const auto& arguments = op.schema().arguments();
-  const auto inputs = torch::jit::last(*stack, arguments.size());
-  std::vector<at::Tensor> written;
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    const auto* alias = arguments[i].alias_info();
-    if (alias != nullptr && alias->isWrite() && inputs[i].isTensor()) written.push_back(inputs[i].toTensor());
-  }
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
-  }
-  for (const at::Tensor& t : written) t.unsafeGetTensorImpl()->bump_version();
-}
-
-// bump_written_tensors for the two decode steps, typed: boxing their arguments cost host time on
-// every decoding step. The call below ADInplaceOrView, then the versions of what it wrote.
+// they have since overwritten. Typed: boxing their arguments cost host time on every decoding step.
+// The call below ADInplaceOrView, then the versions of what it wrote.
 template <class Handle, class... Args>
 at::Tensor call_and_bump(const Handle& op, c10::DispatchKeySet keys, std::initializer_list<const at::Tensor*> written,
                          Args&&... args) {
@@ -125,6 +96,5 @@ TORCH_LIBRARY_IMPL(attnrnn, CPU, m) { register_impls(m); }
 TORCH_LIBRARY_IMPL(attnrnn, CUDA, m) { register_impls(m); }
 TORCH_LIBRARY_IMPL(attnrnn, ADInplaceOrView, m) {
   m.impl("step", &step_bumping_versions);
-  m.impl("chunk_fwd_with_segment_states", torch::CppFunction::makeFromBoxedFunction<&bump_written_tensors>());
   m.impl("softmax_attn_step", &softmax_attn_step_bumping_versions);
 }

@@ -70,8 +70,8 @@ struct MutView {
   int64_t stride_b = 0, stride_t = 0, stride_h = 0;
 };
 
-// Chunkwise and recurrent forms, forward and backward.
-struct LinearAttnParams {
+// The forward of the chunkwise and recurrent forms.
+struct LinearAttnFwdParams {
   Device device = Device::kCPU;
   void* stream = nullptr;  // cudaStream_t for Device::kCUDA
   DType dtype = DType::kFloat32;
@@ -86,55 +86,40 @@ struct LinearAttnParams {
   int64_t num_seqs = 0;  // N when cu_seqlens is set
 
   ConstView q, k, v;
-  MutView o;  // forward output
+  MutView o;
 
   const void* initial_S = nullptr;  // optional; zeros when null
   const void* initial_z = nullptr;  // optional (normalize only)
-  void* final_S = nullptr;          // optional forward output
-  void* final_z = nullptr;          // optional forward output (normalize only)
-  // Optional forward output [B, T, H] float32, element (b * T + t) * H + h: w = scale / den of each
-  // (token, query head), for the backward (normalize only). Set it only where
-  // linear_attn_chunk_fwd_writes_den(params) is true; elsewhere it may stay unwritten.
-  void* den_out = nullptr;
-  // Optional forward output (CUDA): the per-segment state sums of the forward's two-pass split,
-  // transposed as the backward's dq sweep reads them, so that the backward need not sum them again.
-  // linear_attn_chunk_fwd_segment_state_floats(params) float32 values, written only when that is
-  // not 0 (and a workspace is given); set it to null elsewhere.
-  float* segment_states_out = nullptr;
-
-  // Backward.
-  ConstView dout;
-  ConstView out;  // the forward output o; read by the CUDA backward when normalize (may be null on CPU)
-  MutView dq, dk, dv;
-  const void* d_final_S = nullptr;  // optional gradient flowing into the final state
-  const void* d_final_z = nullptr;
-  void* d_initial_S = nullptr;      // optional outputs
-  void* d_initial_z = nullptr;
-  // Optional: the forward's den_out. The CUDA tensor-core backward then reads the denominators
-  // instead of recomputing them in a sweep over the sequence; other backwards ignore it.
-  const void* den_in = nullptr;
-  // Optional: the forward's segment_states_out, from a forward with the same q, k, v, cu_seqlens,
-  // feature_map, normalize and chunk_size. The CUDA backward's dq sweep then skips its own pass
-  // over the segments where its split matches the forward's; other backwards ignore it. On the
-  // backward's stream after the forward that wrote it (stream order, as for den_in).
-  const float* segment_states_in = nullptr;
-  // chunk_linear_attn_bwd only: q and k hold phi(q) and phi(k) already, as linear_attn_features
-  // writes them (autograd saves those instead of q and k where linear_attn_chunk_saves_features is
-  // true). phi is then not applied again, and phi' is taken from phi: elu1's min(phi, 1), relu's
-  // 1 where phi > 0. dq and dk are still the gradients of the raw q and k. The other ops refuse it.
-  bool phi_given = false;
+  void* final_S = nullptr;          // optional output
+  void* final_z = nullptr;          // optional output (normalize only)
 
   double scale = 1.0;
   double eps = 1e-6;
   FeatureMap feature_map = FeatureMap::kIdentity;
   bool normalize = false;
-  int64_t chunk_size = 0;  // 0 = the kernel's own choice; chunk ops only
+  int64_t chunk_size = 0;  // chunk ops: tokens per chunk, 0 = the kernel's own choice
 
-  // Device scratch of linear_attn_workspace_bytes(params) bytes (CUDA); 256-byte aligned. Without it
-  // the CUDA forward runs as one pass (no segment split) and the CUDA backward fails.
+  // What the chunk forward keeps for its backward: chunk_linear_attn_saved_bytes(params) bytes,
+  // 256-byte aligned, written by chunk_linear_attn_fwd and read by chunk_linear_attn_bwd (whose
+  // q, k, v and options must be the forward's). Its layout is the library's own. Null in a forward
+  // that no backward follows, or where the query says 0.
+  void* saved = nullptr;
+
+  // Device scratch of the call's *_workspace_bytes(params) bytes, 256-byte aligned (CUDA).
   void* workspace = nullptr;
 
   CpuExecutor executor;
+};
+
+// The backward: the forward's fields (saved is then read), plus the gradients.
+struct LinearAttnBwdParams : LinearAttnFwdParams {
+  ConstView dout;
+  ConstView out;  // the forward's o: read with normalize (dd_t = dout_t . o_t); may be null otherwise
+  MutView dq, dk, dv;
+  const void* d_final_S = nullptr;  // optional gradient flowing into the final state
+  const void* d_final_z = nullptr;
+  void* d_initial_S = nullptr;      // optional outputs
+  void* d_initial_z = nullptr;
 };
 
 // One decode step per sequence: the state rows are updated in place.
@@ -166,41 +151,24 @@ struct LinearAttnStepParams {
   CpuExecutor executor;
 };
 
-Status chunk_linear_attn_fwd(const LinearAttnParams& params);
-Status chunk_linear_attn_bwd(const LinearAttnParams& params);
-Status recurrent_linear_attn_fwd(const LinearAttnParams& params);
-Status recurrent_linear_attn_bwd(const LinearAttnParams& params);
+Status chunk_linear_attn_fwd(const LinearAttnFwdParams& params);
+Status chunk_linear_attn_bwd(const LinearAttnBwdParams& params);
+Status recurrent_linear_attn_fwd(const LinearAttnFwdParams& params);
+Status recurrent_linear_attn_bwd(const LinearAttnBwdParams& params);
 Status linear_attn_step(const LinearAttnStepParams& params);
 
-// Bytes of device scratch this call needs in params.workspace (0 on CPU): the forward's when
-// params.dout.data is null, else the backward's. Fill every other field first.
-int64_t linear_attn_workspace_bytes(const LinearAttnParams& params);
+// Bytes of params.saved a chunk forward fills for its backward (0 on the CPU, and where the backward
+// reads nothing of it). Depends on the shapes, dtype, options and device only, not on the pointers.
+int64_t chunk_linear_attn_saved_bytes(const LinearAttnFwdParams& params);
 
-// True when chunk_linear_attn_fwd writes params.den_out: CUDA, normalize, bf16 or fp16 inputs
-// (the dtypes whose backward can read it). Elsewhere den_out stays unwritten.
-bool linear_attn_chunk_fwd_writes_den(const LinearAttnParams& params);
+// Bytes of params.workspace each call needs (0 on the CPU). Fill every other field first.
+int64_t chunk_linear_attn_fwd_workspace_bytes(const LinearAttnFwdParams& params);
+int64_t chunk_linear_attn_bwd_workspace_bytes(const LinearAttnBwdParams& params);
+int64_t recurrent_linear_attn_bwd_workspace_bytes(const LinearAttnBwdParams& params);
 
-// Floats of params.segment_states_out that chunk_linear_attn_fwd writes, 0 where it writes none:
-// CUDA on sm_90a, bf16 or fp16, normalize=False, K = V = 128, where the forward and the backward's
-// dq sweep split the sequences into the same segments (few (sequence, kv head) pairs, long T).
-// Depends on the shapes, dtype, options, alignment of q, k, v and the device.
-int64_t linear_attn_chunk_fwd_segment_state_floats(const LinearAttnParams& params);
-
-// phi(q) and phi(k) of params.q and params.k under params.feature_map into phi_q [B, T, H, K] and
-// phi_k [B, T, Hkv, K] (contiguous, params.dtype; on params.stream for CUDA): phi in float32
-// (float64 for float64 inputs) of each element, rounded to nearest, the values the CUDA chunk
-// kernels' own feature pass computes. Reads batch, seqlen, the heads, head_dim_k, q, k, dtype.
-Status linear_attn_features(const LinearAttnParams& params, void* phi_q, void* phi_k);
-
-// True where chunk_linear_attn_fwd and chunk_linear_attn_bwd on CUDA would each run a pass that
-// writes phi(q), phi(k) (the tensor-core sweeps with a feature map they do not apply themselves:
-// elu1, and relu where the wgmma sweeps do not take it in). Autograd then saves phi(q), phi(k) for
-// the backward (linear_attn_features, params.phi_given) instead of q and k: the same memory, one
-// pass less. False on the CPU, with the identity map, and with params.phi_given set.
-bool linear_attn_chunk_saves_features(const LinearAttnParams& params);
-
-// True when the library was built with its CUDA kernels.
+// True when the library was built with its CUDA kernels, and with their sm_90a (wgmma) code.
 bool built_with_cuda();
+bool built_with_wgmma();
 
 }  // namespace attnrnn
 

@@ -85,9 +85,44 @@ def _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_f
     return o, S, z
 
 
-def writes_den(q, normalize):
-    """Whether chunk_fwd(save_den=True) returns the denominators (linear_attn_chunk_fwd_writes_den)."""
-    return normalize and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+def _round256(n):
+    return (n + 255) // 256 * 256
+
+
+def _split_segments(blocks, per_sm, seqlen, sm_count, forced):
+    """tiles.h's split_segments, on sizes that may be symbolic (torch.compile's dynamic shapes)."""
+    chunks = (seqlen + 63) // 64
+    want = forced if forced > 0 else (sm_count * per_sm // blocks if 2 * blocks <= sm_count else 1)
+    want = torch.sym_min(want, torch.sym_max(1, chunks // 16))
+    seg_chunks = (chunks + want - 1) // want
+    return (chunks + seg_chunks - 1) // seg_chunks
+
+
+def saved_bytes(q, k, v, cu_seqlens, normalize, chunk_size):
+    """Bytes of the saved tensor chunk_fwd(for_backward=True) returns: the layout of the CUDA plan's
+    saved buffer (csrc/cuda/linear/plan.cu, Rules::saved_layout), for the fake kernel, whose shapes
+    may be symbolic. On CUDA with bf16/fp16, 64-token chunks and K, V in {64, 128}: the forward's
+    w = scale / den per (token, query head) with normalize; without it, at K = V = 128 on sm_90a where
+    the forward's sweep splits the sequences, its segment states for the backward's dq sweep."""
+    B, T, H, K = q.shape
+    Hkv, V = v.shape[2], v.shape[3]
+    if (not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16) or chunk_size not in (0, 64)
+            or K not in (64, 128) or V not in (64, 128)):
+        return 0
+    if normalize:
+        return _round256(B * T * H * 4)
+    mma_sync, forced_segments, pairing, _ = _C._plan_override()
+    props = torch.cuda.get_device_properties(q.device)
+    wgmma = _C.built_with_wgmma() and props.major == 9 and not mma_sync
+    paired = pairing == 1 and chunk_size == 0  # testing.h's Pairing::kAlways: no 64-token forward
+    if K != 128 or V != 128 or not wgmma or paired:
+        return 0
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    blocks = N * Hkv * 2  # (sequence, kv head, 64-column tile): the forward's and dq's alike
+    segments = _split_segments(blocks, 2, T, props.multi_processor_count, forced_segments)
+    if segments <= 1:
+        return 0
+    return _round256(segments * blocks * (128 * 64 + 128) * 4)
 
 
 def _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, op, dout, o, d_final_S, d_final_z, **others):
@@ -102,24 +137,11 @@ def _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, op, dout, o, d_fin
 
 @torch.library.register_fake("attnrnn::chunk_fwd")
 def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
-      chunk_size, save_den=False):
+      chunk_size, for_backward=False):
     o, S, z = _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state,
                             "chunk_linear_attn")
-    saved = save_den and writes_den(q, normalize)
-    den = q.new_empty(q.shape[:3] if saved else (0,), dtype=torch.float32)
-    return o, S, z, den
-
-
-@torch.library.register_fake("attnrnn::chunk_fwd_with_segment_states")
-def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize, output_final_state,
-      chunk_size, save_den, segment_states):
-    # The C++ autograd kernel calls this op on plain CUDA tensors only (never while tracing); as
-    # chunk_fwd, plus segment_states written in place.
-    o, S, z = _fake_forward(q, k, v, initial_S, initial_z, cu_seqlens, normalize, output_final_state,
-                            "chunk_linear_attn")
-    saved = save_den and writes_den(q, normalize)
-    den = q.new_empty(q.shape[:3] if saved else (0,), dtype=torch.float32)
-    return o, S, z, den
+    size = saved_bytes(q, k, v, cu_seqlens, normalize, chunk_size) if for_backward else 0
+    return o, S, z, q.new_empty((size,), dtype=torch.uint8)
 
 
 @torch.library.register_fake("attnrnn::recurrent_fwd")
@@ -129,32 +151,14 @@ def _(q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normal
 
 
 @torch.library.register_fake("attnrnn::chunk_bwd")
-def _(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
-      normalize, chunk_size, den=None, segment_states=None, phi_given=False):
+def _(dout, q, k, v, o, saved, d_final_S, d_final_z, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
+      normalize, chunk_size):
     return _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, "chunk_linear_attn backward", dout, o, d_final_S,
-                          d_final_z, den=den, segment_states=segment_states)
-
-
-@torch.library.register_fake("attnrnn::features")
-def _(q, k, feature_map):
-    # The checks of attnrnn::aten::features, so that a traced call fails where the op would.
-    op = "linear_attn features"
-    fake_check_rank(q, 4, op, "q", _LAYOUTS["q"])
-    fake_check_rank(k, 4, op, "k", _LAYOUTS["k"])
-    fake_check_devices(op, q, {"k": k})
-    if k.dtype != q.dtype:
-        raise ValueError(f"{op}: k must have the dtype of q")  # the op names them as c10 does
-    if (k.shape[0], k.shape[1], k.shape[3]) != (q.shape[0], q.shape[1], q.shape[3]):
-        raise ValueError(f"{op}: k must have the batch, length and head dim of q "
-                         f"({q.shape[0]}, {q.shape[1]}, {q.shape[3]}), got shape {list(k.shape)}")
-    if feature_map not in ("identity", "elu1", "relu"):
-        raise ValueError(f"{op}: feature_map must be 'identity', 'elu1' or 'relu', got '{feature_map}'")
-    return q.new_empty(q.shape), k.new_empty(k.shape)
+                          d_final_z, saved=saved)
 
 
 @torch.library.register_fake("attnrnn::recurrent_bwd")
-def _(dout, o, d_final_S, d_final_z, q, k, v, initial_S, initial_z, cu_seqlens, scale, eps, feature_map,
-      normalize):
+def _(dout, q, k, v, o, d_final_S, d_final_z, initial_S, initial_z, cu_seqlens, scale, eps, feature_map, normalize):
     return _fake_backward(q, k, v, initial_S, initial_z, cu_seqlens, "recurrent_linear_attn backward", dout, o,
                           d_final_S, d_final_z)
 

@@ -83,7 +83,7 @@ def _sequence_op(fwd, q, k, v, scale, normalize, feature_map, eps, initial_state
     S0 = z0 = None
     if initial_state is not None:
         S0, z0 = _split_state(initial_state, normalize, "initial_state")
-    # chunk_fwd also returns the denominators it saved for the backward (autograd keeps them)
+    # chunk_fwd also returns what it saved for the backward (empty here: autograd asks for it itself)
     out = fwd(q, k, v, S0, z0, cu_seqlens, _scale_of(scale, q), _real(eps, "eps"), fm,
               _flag(normalize, "normalize"), _flag(output_final_state, "output_final_state"), *extra)
     if not output_final_state:

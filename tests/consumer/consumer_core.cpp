@@ -15,7 +15,7 @@ int main() {
   }
   for (int64_t i = 0; i < T * V; ++i) v[i] = std::sin(1.1 * i + 0.5);
 
-  attnrnn::LinearAttnParams p;
+  attnrnn::LinearAttnFwdParams p;
   p.dtype = attnrnn::DType::kFloat32;
   p.batch = 1;
   p.seqlen = T;

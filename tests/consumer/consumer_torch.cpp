@@ -14,7 +14,7 @@ int main() {
   auto q = torch::randn({2, 50, 4, 16});
   auto k = torch::randn({2, 50, 2, 16});
   auto v = torch::randn({2, 50, 2, 8});
-  auto [o_chunk, S_chunk, z_chunk, den] = attnrnn::aten::chunk_fwd(q, k, v, std::nullopt, std::nullopt, std::nullopt,
+  auto [o_chunk, S_chunk, z_chunk, saved] = attnrnn::aten::chunk_fwd(q, k, v, std::nullopt, std::nullopt, std::nullopt,
                                                               0.25, 1e-6, "elu1", true, true, 16);
   auto [o_rec, S_rec, z_rec] = attnrnn::aten::recurrent_fwd(q, k, v, std::nullopt, std::nullopt, std::nullopt,
                                                             0.25, 1e-6, "elu1", true, true);

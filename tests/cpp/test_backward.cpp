@@ -59,38 +59,7 @@ void check_reference_gradients(FeatureMap fm, bool normalize) {
 
 }  // namespace
 
-// phi_given (q and k hold phi already) is an option of the chunk backward only: the forwards and the
-// recurrent backward refuse it, naming it, rather than apply phi once too often or not at all.
-void check_phi_given_only_in_the_chunk_backward() {
-  float q[2] = {0.5f, -1.0f}, k[2] = {0.25f, 2.0f}, v[2] = {1.0f, 3.0f}, o[2], dout[2] = {1.0f, 1.0f};
-  float dq[2], dk[2], dv[2];
-  attnrnn::LinearAttnParams p;
-  p.batch = 1, p.seqlen = 1, p.num_heads = p.num_kv_heads = 1, p.head_dim_k = 2, p.head_dim_v = 2;
-  p.q = {q, 2, 2, 2}, p.k = {k, 2, 2, 2}, p.v = {v, 2, 2, 2}, p.o = {o, 2, 2, 2};
-  p.feature_map = FeatureMap::kElu1, p.phi_given = true;
-  for (auto [op, name] : {std::pair{&attnrnn::chunk_linear_attn_fwd, "chunk forward"},
-                          std::pair{&attnrnn::recurrent_linear_attn_fwd, "recurrent forward"}}) {
-    const attnrnn::Status s = op(p);
-    EXPECT(s == attnrnn::Status::kInvalidArgument && std::string(attnrnn::last_error_message()).find("phi_given") !=
-                                                         std::string::npos,
-           "%s with phi_given: status %d (%s)", name, (int)s, attnrnn::last_error_message());
-  }
-  p.dout = {dout, 2, 2, 2}, p.dq = {dq, 2, 2, 2}, p.dk = {dk, 2, 2, 2}, p.dv = {dv, 2, 2, 2};
-  attnrnn::Status s = attnrnn::recurrent_linear_attn_bwd(p);
-  EXPECT(s == attnrnn::Status::kInvalidArgument, "recurrent backward with phi_given: status %d", (int)s);
-  s = attnrnn::chunk_linear_attn_bwd(p);
-  EXPECT(s == attnrnn::Status::kSuccess, "chunk backward with phi_given: status %d (%s)", (int)s,
-         attnrnn::last_error_message());
-  // One token: dq = phi'(q) * scale * S (dout) with S = phi(k)^T v; phi' from phi(q) = q where
-  // q < 1 (elu1's exp branch), 1 above it.
-  const double s0 = 0.25 * 1.0 + 0.25 * 3.0, s1 = 2.0 * 1.0 + 2.0 * 3.0;  // rows of S times dout
-  EXPECT(std::abs(dq[0] - 0.5 * s0) < 1e-6 && std::abs(dq[1] - (-1.0) * s1) < 1e-6,
-         "chunk backward with phi_given: dq = (%g, %g), expected (%g, %g)", dq[0], dq[1], 0.5 * s0, -1.0 * s1);
-}
-
 int main() {
-  check_phi_given_only_in_the_chunk_backward();
-
   // 1. The float64 reference backward is right.
   for (FeatureMap fm : {FeatureMap::kIdentity, FeatureMap::kElu1, FeatureMap::kRelu})
     for (bool normalize : {false, true}) check_reference_gradients(fm, normalize);

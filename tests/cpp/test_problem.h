@@ -97,8 +97,8 @@ struct Problem {
           for (int64_t d = 0; d < x.D; ++d) x.set(b, t, h, d, dist(rng));
   }
 
-  attnrnn::LinearAttnParams params() const {
-    attnrnn::LinearAttnParams p;
+  attnrnn::LinearAttnBwdParams params() const {
+    attnrnn::LinearAttnBwdParams p;
     p.dtype = c.dt;
     p.batch = c.B, p.seqlen = c.T, p.num_heads = c.H, p.num_kv_heads = c.Hkv;
     p.head_dim_k = c.K, p.head_dim_v = c.V;
@@ -120,7 +120,7 @@ struct Problem {
 
   // Runs forward (and backward when `backward`) with the chunk or recurrent kernels.
   Results run(bool chunk, bool backward, attnrnn::CpuExecutor ex = {}) const {
-    attnrnn::LinearAttnParams p = params();
+    attnrnn::LinearAttnBwdParams p = params();
     p.executor = ex;
     const int64_t N = g.N();
     Tensor o(c.dt, c.B, c.T, c.H, c.V, c.strided);

@@ -80,3 +80,24 @@ def ref():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def forced_plan(ar):
+    """forced_plan(mma_sync=False, segments=0, pairing="auto", separate_grad_kv=False): a context
+    manager that forces the CUDA chunk plan's choices (attnrnn/testing.h) and restores the previous
+    override on leaving, so that a test reaches a kernel its shape would not pick."""
+    import contextlib
+
+    pairings = {"auto": 0, "always": 1, "never": 2}
+
+    @contextlib.contextmanager
+    def force(mma_sync=False, segments=0, pairing="auto", separate_grad_kv=False):
+        before = ar._C._plan_override()
+        ar._C._set_plan_override(mma_sync, segments, pairings[pairing], separate_grad_kv)
+        try:
+            yield
+        finally:
+            ar._C._set_plan_override(*before)
+
+    return force

@@ -1,10 +1,7 @@
 """What only a GPU can show: CPU and CUDA agree, bitwise determinism over many runs, a problem past
 2**31 elements (64-bit offsets), bad device-side values stay in bounds, and the current stream.
 Skipped without CUDA (the rest of the suite runs on CUDA too through its `device` fixture)."""
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -54,96 +51,79 @@ def test_zero_scale_gives_zero_outputs_and_gradients_on_the_tensor_cores(ar, nor
         assert torch.equal(x, torch.zeros_like(x)), name
 
 
-# The forward's saved denominators (chunk_fwd save_den, which autograd asks for) against a float64
-# oracle, and the backward reading them against the backward's own den sweep (den=None). The
-# generic-path case (K 48, V 40) saves them too, and its backward ignores them.
-SAVED_DEN_CASES = [c for c in TENSOR_CORE_CASES if c.normalize] + [
-    Case(1, 150, 4, 48, bf16, Hkv=2, V=40, seqlens=(0, 70, 80), initial_state=True),
-    # the dd pass takes 16 (V 64) or 8 (V 128) consecutive rows at a time: across heads and tokens,
-    # and past a sequence's end into the next batch entry
-    Case(2, 130, 20, 64, bf16, Hkv=4),
-    Case(1, 70, 10, 128, bf16, Hkv=5, feature_map=None),
-    Case(3, 5, 2, 64, bf16),
+# What the forward keeps for the backward (chunk_fwd's saved tensor) has the size the fake kernel
+# computes for torch.compile (attnrnn._ops.saved_bytes): w per (token, query head) with normalize,
+# the forward's segment states for dq without it at K = V = 128 where the sweeps split (sm_90a), and
+# nothing elsewhere; also under every forced plan, whose choices the fake kernel follows.
+SAVED_SIZE_CASES = [
+    Case(2, 300, 3, 64, bf16),
+    Case(2, 300, 3, 64, bf16, normalize=False),
+    Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False),
+    Case(1, 5000, 4, 128, fp16, Hkv=2, normalize=False, seqlens=(0, 64, 1, 4867, 68)),
+    Case(1, 1500, 2, 128, bf16, normalize=False),  # too short to split
+    Case(8, 300, 16, 128, bf16, normalize=False),  # enough blocks: no split
+    Case(1, 150, 4, 48, bf16, Hkv=2, V=40),  # the generic kernels: nothing saved
+    Case(1, 150, 4, 64, torch.float32),
 ]
 
 
-def _w_oracle(case, inp, scale, eps=1e-6):
-    """w = scale / (scale * phi(q) . z_t + eps) in float64, z_t = z0 + the keys up to t of t's sequence.
-    The tensor-core forwards round phi(q), phi(k) to the input dtype (their operands); so does this."""
-    phi = {None: lambda x: x, "relu": torch.relu, "elu1": lambda x: torch.nn.functional.elu(x) + 1}[case.feature_map]
-    tensor_core = case.K in (64, 128) and case.V % 64 == 0
-    features = (lambda x: phi(x.float()).to(case.dtype).double()) if tensor_core else (lambda x: phi(x.double()))
-    q, k = features(inp["q"]), features(inp["k"])
-    k = k.repeat_interleave(case.H // case.Hkv, dim=2)
-    bounds = inp["cu_seqlens"].tolist() if "cu_seqlens" in inp else None
-    z = torch.zeros_like(k)
-    for n in range(case.N):
-        b, lo, hi = (0, bounds[n], bounds[n + 1]) if bounds else (n, 0, case.T)
-        z[b, lo:hi] = k[b, lo:hi].cumsum(0)
-        if "z0" in inp:
-            z[b, lo:hi] += inp["z0"][n].double().repeat_interleave(case.H // case.Hkv, dim=0)
-    return scale / (scale * (q * z).sum(-1) + eps)
+@pytest.mark.parametrize("forced", [{}, {"segments": 5}, {"pairing": "always"}, {"mma_sync": True}],
+                         ids=["default", "segments5", "paired", "mma-sync"])
+@pytest.mark.parametrize("case", SAVED_SIZE_CASES, ids=lambda c: c.id)
+def test_saved_size_is_the_fake_kernels(ar, forced_plan, case, forced):
+    inp = make_inputs(case, "cuda")
+    cu = inp.get("cu_seqlens")
+    with forced_plan(**forced):
+        saved = torch.ops.attnrnn.chunk_fwd(inp["q"], inp["k"], inp["v"], None, None, cu, case.K ** -0.5, 1e-6,
+                                            "identity", case.normalize, False, 0, True)[3]
+        expected = ar._ops.saved_bytes(inp["q"], inp["k"], inp["v"], cu, case.normalize, 0)
+    assert saved.dtype == torch.uint8 and saved.numel() == expected
 
 
-@pytest.mark.parametrize("case", SAVED_DEN_CASES, ids=lambda c: c.id)
-def test_saved_denominators_give_the_den_sweeps_gradients(ar, case):
-    inp = make_inputs(case, "cuda", positive=case.feature_map is None)
-    ops = torch.ops.attnrnn
-    scale, fm = case.K ** -0.5, case.feature_map or "identity"
-    S0, z0, cu = inp.get("S0"), inp.get("z0"), inp.get("cu_seqlens")
-    o, _, _, den = ops.chunk_fwd(inp["q"], inp["k"], inp["v"], S0, z0, cu, scale, 1e-6, fm, True,
-                                 case.final_state, 0, True)
-    assert den.shape == (case.B, case.T, case.H)
-    w_ref = _w_oracle(case, inp, scale)
-    assert ((den.double() - w_ref).abs() / w_ref.abs()).max().item() < 1e-3
-    args = (inp["do"], o, inp.get("dS"), inp.get("dz"), inp["q"], inp["k"], inp["v"], S0, z0, cu, scale, 1e-6, fm,
-            True, 0)
-    swept, saved = ops.chunk_bwd(*args), ops.chunk_bwd(*args, den)
-    for name, a, b in zip(("dq", "dk", "dv", "dS0", "dz0"), saved, swept):
-        assert torch.isfinite(a).all(), name
-        if a.numel():
-            assert relative_rms(a, b) < 2e-3, name
+def test_saved_states_are_kept_where_the_sweeps_split(ar):
+    # The cases above would pass if nothing were ever kept: the unnormalized K = V = 128 split keeps
+    # the forward's segment states on sm_90a, and normalize keeps 4 bytes per (token, query head).
+    case = Case(1, 5000, 2, 128, bf16, normalize=False)
+    inp = make_inputs(case, "cuda")
+    fwd = lambda normalize: torch.ops.attnrnn.chunk_fwd(inp["q"], inp["k"], inp["v"], None, None, None, 0.1, 1e-6,
+                                                        "identity", normalize, False, 0, True)[3]
+    assert fwd(True).numel() >= case.B * case.T * case.H * 4
+    if ar._C.built_with_wgmma() and torch.cuda.get_device_capability()[0] == 9:
+        assert fwd(False).numel() > 0
 
 
 UNALIGNED_OUT_CASES = [Case(2, 300, 20, 64, bf16, Hkv=4), Case(1, 200, 10, 128, fp16, feature_map=None)]
 
 
 @pytest.mark.parametrize("case", UNALIGNED_OUT_CASES, ids=lambda c: c.id)
-def test_saved_denominators_with_an_output_view_aligned_to_4_bytes(case):
-    # dd reads o in 16-byte pieces where o's rows allow it and in 4-byte ones otherwise: same sums.
+def test_backward_with_an_output_view_aligned_to_4_bytes(case):
+    # The backward reads o in 16-byte pieces where o's rows allow it and in 4-byte ones otherwise:
+    # the same sums.
     inp = make_inputs(case, "cuda", positive=case.feature_map is None)
     ops = torch.ops.attnrnn
     scale, fm = case.K ** -0.5, case.feature_map or "identity"
-    o, _, _, den = ops.chunk_fwd(inp["q"], inp["k"], inp["v"], None, None, None, scale, 1e-6, fm, True, False, 0, True)
+    o, _, _, saved = ops.chunk_fwd(inp["q"], inp["k"], inp["v"], None, None, None, scale, 1e-6, fm, True, False, 0,
+                                   True)
     padded = torch.full((*o.shape[:-1], case.V + 2), float("nan"), device="cuda", dtype=o.dtype)
     padded[..., 2:] = o
     o_view = padded[..., 2:]  # 4-byte-aligned rows (the first 4 bytes past a 16-byte boundary)
     assert o_view.data_ptr() % 16 == 4
-    bwd = lambda out: ops.chunk_bwd(inp["do"], out, None, None, inp["q"], inp["k"], inp["v"], None, None, None,
-                                    scale, 1e-6, fm, True, 0, den)
+    bwd = lambda out: ops.chunk_bwd(inp["do"], inp["q"], inp["k"], inp["v"], out, saved, None, None, None, None,
+                                    None, scale, 1e-6, fm, True, 0)
     for name, a, b in zip(("dq", "dk", "dv"), bwd(o_view), bwd(o)):
         assert torch.isfinite(a).all(), name
         assert torch.equal(a, b), name
 
 
-# ATTNRNN_TC_SEGMENTS (the tile sweep's knob, read once per process) forces the two-pass split.
-_FORCED_SPLIT_RUN = """
-import sys, torch
-sys.path[:0] = sys.argv[2:]
-import attnrnn
-from cases import Case, make_inputs, run
-case = Case(1, 3000, 2, 64, torch.bfloat16, initial_state=True, final_state=True)
-torch.save({k: v.cpu() for k, v in run(attnrnn.chunk_linear_attn, case, make_inputs(case, "cuda")).items()},
-           sys.argv[1])
-"""
+def _run_cases(ar, cases):
+    return [run(ar.chunk_linear_attn, c, make_inputs(c, "cuda")) for c in cases]
 
 
-def test_forced_segment_split_meets_rules(ar, ref, tmp_path):
+@pytest.mark.parametrize("segments", [5, 3])
+def test_forced_segment_split_meets_rules(ar, ref, forced_plan, segments):
     case = Case(1, 3000, 2, 64, torch.bfloat16, initial_state=True, final_state=True)
-    path = tmp_path / "forced.pt"
-    env = dict(os.environ, ATTNRNN_TC_SEGMENTS="5")
-    subprocess.run([sys.executable, "-c", _FORCED_SPLIT_RUN, str(path), *sys.path], env=env, check=True)
-    forced = {k: v.cuda() for k, v in torch.load(path).items()}
+    with forced_plan(segments=segments):
+        forced = run(ar.chunk_linear_attn, case, make_inputs(case, "cuda"))
     ours, base, ref64 = compute_all(ar, ref, "chunk", case, "cuda")
     check_all(forced, base, ref64, case.dtype)
     for name in ours:  # the library's own split (2 segments here) and the forced one
@@ -241,52 +221,8 @@ def test_ops_run_on_the_current_stream(ar):
     assert torch.equal(got, expected)
 
 
-# ATTNRNN_BWD_CONCURRENT=0 (the default; read once per process) runs the backward's dq, dk and dv sweeps one
-# after another on the call's stream instead of overlapping them on side streams; ATTNRNN_TC_WGMMA
-# picks the wgmma sweeps with dk and dv fused at K = V = 64 (7), apart (3), or the mma.sync ones
-# (1: the forward only on wgmma).
-_SWEEPS_RUN = """
-import sys, torch
-sys.path[:0] = sys.argv[3:]
-import attnrnn
-from cases import Case, make_inputs, run
-import test_cuda
-torch.save([{k: v.cpu() for k, v in run(attnrnn.chunk_linear_attn, c, make_inputs(c, "cuda")).items()}
-            for c in getattr(test_cuda, sys.argv[2])], sys.argv[1])
-"""
-OVERLAP_CASES = [
-    Case(2, 300, 4, 64, bf16, Hkv=2, initial_state=True, final_state=True),
-    Case(1, 3000, 2, 128, bf16, V=64, feature_map=None, normalize=False),  # two-pass sweeps
-    Case(1, 3000, 2, 64, bf16, V=128, initial_state=True, final_state=True),  # two-pass 128-token dq
-    Case(1, 3000, 2, 128, bf16, feature_map=None, normalize=False),  # dk and dv share a state pass
-]
-
-
-def _sweeps_in_subprocess(path, cases="OVERLAP_CASES", **env):
-    subprocess.run([sys.executable, "-c", _SWEEPS_RUN, str(path), cases, *sys.path], env=dict(os.environ, **env),
-                   check=True)
-    return torch.load(path)
-
-
-@pytest.mark.parametrize("wgmma", ["63", "127", "3", "1"],
-                         ids=["wgmma-default", "wgmma-pair-everywhere", "wgmma-sweeps", "mma-sync-sweeps"])
-def test_backward_sweeps_overlapped_or_in_one_stream_agree_bitwise(ar, tmp_path, wgmma):
-    overlapped = _sweeps_in_subprocess(tmp_path / "overlapped.pt", ATTNRNN_BWD_CONCURRENT="1", ATTNRNN_TC_WGMMA=wgmma)
-    one_stream = _sweeps_in_subprocess(tmp_path / "one.pt", ATTNRNN_BWD_CONCURRENT="0", ATTNRNN_TC_WGMMA=wgmma)
-    for case, a, b in zip(OVERLAP_CASES, overlapped, one_stream):
-        for name in a:
-            assert torch.equal(a[name], b[name]), f"{case.id}: {name}"
-
-
-# dk and dv from one sweep (K = V = 64, the default) against the two sweeps: GQA, states, two-pass
-# sweeps, varlen, fp16, a feature map, both normalize modes. (Both also meet the rules against the
-# float64 reference: the fused sweep is what the other K = V = 64 tests run.)
-FUSED_DKV_CASES = [
-    Case(2, 300, 4, 64, bf16, Hkv=2, initial_state=True, final_state=True),
-    Case(1, 3000, 2, 64, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
-    Case(1, 3000, 2, 64, bf16, initial_state=True, final_state=True),  # two-pass with dz partials
-    Case(1, 333, 4, 64, fp16, Hkv=1, feature_map="relu", seqlens=(0, 64, 1, 200, 68)),
-]
+WGMMA = pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability()[0] != 9,
+                           reason="the wgmma sweeps need an sm_90a device")
 
 
 def _assert_runs_agree(cases, runs, others):
@@ -297,129 +233,90 @@ def _assert_runs_agree(cases, runs, others):
                 assert relative_rms(a[name], b[name]) < 4e-3, f"{case.id}: {name}"
 
 
-def _assert_agree_and_equal_in(names, cases, runs, others):
-    """runs agree with others within the bound, and bit for bit in the outputs `names`."""
-    _assert_runs_agree(cases, runs, others)
-    for case, a, b in zip(cases, runs, others):
-        for name in names:
-            assert torch.equal(a[name], b[name]), f"{case.id}: {name} should be the same in both"
-
-
 def _assert_bitwise_but(moved, cases, runs, others):
     """runs agree with others within the bound, and bit for bit in every output but `moved`."""
     _assert_runs_agree(cases, runs, others)
     for case, a, b in zip(cases, runs, others):
         for name in a:
-            if name != moved:
+            if name not in moved:
                 assert torch.equal(a[name], b[name]), f"{case.id}: {name}"
 
 
-def test_fused_dk_dv_sweep_agrees_with_the_two_sweeps(ar, tmp_path):
-    fused = _sweeps_in_subprocess(tmp_path / "fused.pt", "FUSED_DKV_CASES", ATTNRNN_TC_WGMMA="7")
-    apart = _sweeps_in_subprocess(tmp_path / "apart.pt", "FUSED_DKV_CASES", ATTNRNN_TC_WGMMA="3")
-    _assert_runs_agree(FUSED_DKV_CASES, fused, apart)
+# The mma.sync sweeps (every tensor-core build; on sm_90a the plan picks wgmma) meet the rules on
+# their own: one-pass and split, GQA, varlen, both dtypes, feature maps, both normalize modes.
+MMA_CASES = [
+    Case(2, 300, 4, 64, bf16, Hkv=2, initial_state=True, final_state=True),
+    Case(1, 3000, 2, 128, bf16, V=64, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 333, 4, 128, fp16, Hkv=2, feature_map="relu", seqlens=(0, 64, 1, 200, 68)),
+    Case(1, 3000, 2, 64, fp16, V=128, initial_state=True, final_state=True),
+]
 
 
-# Pass 1 of the split sweeps on chunk_wg_state_kernel (the default; the fused dk + dv sweep's with the
-# normalizer excepted) against the sweeps' own kernels as pass 1 (ATTNRNN_WG_STATE_PASS=0), by the
-# default shape rule and with every sweep on 128-token chunks (mask 127): the 64-token and the
-# 128-token forward, dq, dk and dv and the fused dk + dv sweep, at inner dims 64 and 128, GQA (dk and
-# dv sum over a group's heads), states, varlen, fp16 (dk weighs dout instead of phi(q)), a feature
-# map, both normalize modes (dk's dz and the rows' w with it). Both sum the state's products in the
-# same order and agree bitwise without the normalizer; with it the state pass sums z on m64n8 wgmmas
-# with a tile of ones, which the 64-token sweeps' own pass 1 does on mma.sync, and everything
-# downstream agrees within a bound. Each sweep runs its own state pass here
-# (ATTNRNN_BWD_SHARED_STATE_PASS=0, ATTNRNN_FWD_STATES_FOR_DQ=0 and ATTNRNN_BWD_FUSED_DKV128=0; the
-# shared ones for dk and dv and for the forward and dq, and the fused dk + dv sweep, are compared below).
-STATE_PASS_CASES = [
-    Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
+@pytest.mark.parametrize("case", MMA_CASES, ids=lambda c: c.id)
+def test_mma_sync_sweeps_meet_rules(ar, ref, forced_plan, case):
+    inp = make_inputs(case, "cuda")
+    with forced_plan(mma_sync=True):
+        ours = run(ar.chunk_linear_attn, case, inp)
+    base, ref64 = baselines_and_reference(ref, case, inp)
+    check_all(ours, base, ref64, case.dtype)
+
+
+# dk and dv from one sweep (K = V = 64; K = V = 128 without the normalizer where the sweeps split)
+# against the two sweeps: GQA, states, splits, varlen, fp16, feature maps, both normalize modes. The
+# forward and dq are the same kernels either way; at K = V = 128 dv's products, their order and its
+# state are those of dv's own sweep, so dv and dS0 are bitwise equal too, and dk, which sums the same
+# terms in another order, agrees within the bound (it also meets the float64 rules:
+# test_tensor_core_path_meets_rules' split case at K = V = 128 runs the fused sweep).
+FUSED_DKV_CASES = [
+    Case(2, 300, 4, 64, bf16, Hkv=2, initial_state=True, final_state=True),
+    Case(1, 3000, 2, 64, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 3000, 2, 64, bf16, initial_state=True, final_state=True),  # split with dz partials
+    Case(1, 333, 4, 64, fp16, Hkv=1, feature_map="relu", seqlens=(0, 64, 1, 200, 68)),
+]
+FUSED_DKV128_CASES = [
     Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
-    Case(1, 3000, 2, 128, bf16, V=64, initial_state=True, final_state=True),  # dq at inner dim 64
-    Case(1, 3000, 2, 64, bf16, V=128, feature_map=None, normalize=False),
-    Case(1, 3000, 2, 64, bf16, V=128, initial_state=True, final_state=True),
-    Case(1, 4003, 2, 128, fp16, feature_map="relu", seqlens=(0, 64, 1, 3870, 68), initial_state=True, final_state=True),
     Case(1, 5000, 4, 128, bf16, Hkv=2, feature_map=None, normalize=False, initial_state=True, final_state=True),
     Case(1, 4003, 2, 128, fp16, feature_map="relu", normalize=False, seqlens=(0, 64, 1, 3870, 68)),
-    Case(1, 3000, 4, 64, bf16, Hkv=2, feature_map=None, normalize=False),  # the fused dk + dv sweep
-]
-
-
-@pytest.mark.parametrize("wgmma", ["63", "127"], ids=["shape-rule", "pair-everywhere"])
-def test_state_pass_agrees_with_the_sweeps_own_pass_1(ar, tmp_path, wgmma):
-    separate = dict(ATTNRNN_TC_WGMMA=wgmma, ATTNRNN_BWD_SHARED_STATE_PASS="0", ATTNRNN_FWD_STATES_FOR_DQ="0",
-                    ATTNRNN_BWD_FUSED_DKV128="0")
-    state_pass = _sweeps_in_subprocess(tmp_path / "state.pt", "STATE_PASS_CASES", ATTNRNN_WG_STATE_PASS="1", **separate)
-    own = _sweeps_in_subprocess(tmp_path / "own.pt", "STATE_PASS_CASES", ATTNRNN_WG_STATE_PASS="0", **separate)
-    _assert_runs_agree(STATE_PASS_CASES, state_pass, own)
-    for case, a, b in zip(STATE_PASS_CASES, state_pass, own):
-        if not case.normalize:
-            for name in a:
-                assert torch.equal(a[name], b[name]), f"{case.id}: {name}"
-
-
-# dk's partials from dv's state pass (unnormalized, K = V = 128: the second, seventh and eighth cases
-# above) against dk's own. dv's pass and sweep are the same either way, so everything but dk is
-# bitwise equal (dS0 comes from dv's sweep). dk's state is the transpose of dv's; in bf16 the two
-# passes scale different operands (dk phi(q), dv dout) before rounding, so dk agrees within the
-# bound; it also meets the float64 rules (test_tensor_core_path_meets_rules' split case at
-# K = V = 128 runs the shared pass).
-@pytest.mark.parametrize("wgmma", ["63", "127"], ids=["shape-rule", "pair-everywhere"])
-def test_shared_dk_dv_state_pass_agrees_with_separate_passes(ar, tmp_path, wgmma):
-    shared = _sweeps_in_subprocess(tmp_path / "shared.pt", "STATE_PASS_CASES", ATTNRNN_TC_WGMMA=wgmma,
-                                   ATTNRNN_BWD_SHARED_STATE_PASS="1", ATTNRNN_BWD_FUSED_DKV128="0")
-    apart = _sweeps_in_subprocess(tmp_path / "apart.pt", "STATE_PASS_CASES", ATTNRNN_TC_WGMMA=wgmma,
-                                  ATTNRNN_BWD_SHARED_STATE_PASS="0", ATTNRNN_BWD_FUSED_DKV128="0")
-    _assert_bitwise_but("dk", STATE_PASS_CASES, shared, apart)
-
-
-# dk and dv from one sweep at K = V = 128 (unnormalized, where they would share dv's state pass: the
-# second, seventh (GQA) and eighth (fp16, a feature map, varlen) cases above) against the two sweeps
-# with the shared pass. dv's products, their order and its state are those of dv's own sweep, so dv
-# and dS0 are bitwise equal, and so is everything else but dk, which sums the same terms in another
-# order and agrees within the bound (it also meets the float64 rules: test_tensor_core_path_meets_rules'
-# split case at K = V = 128 runs the fused sweep).
-def test_fused_dk_dv_sweep_at_k128_agrees_with_the_two_sweeps(ar, tmp_path):
-    fused = _sweeps_in_subprocess(tmp_path / "fused.pt", "STATE_PASS_CASES", ATTNRNN_BWD_FUSED_DKV128="1")
-    apart = _sweeps_in_subprocess(tmp_path / "apart.pt", "STATE_PASS_CASES", ATTNRNN_BWD_FUSED_DKV128="0")
-    _assert_bitwise_but("dk", STATE_PASS_CASES, fused, apart)
-
-
-# The fused dk + dv sweep where dv alone would not split: its blocks (one per (sequence, kv head))
-# fill at most half the SMs, dv's 64-token blocks more (on the H200: 64 and 128 of 132 SMs), so the
-# two sweeps run paired on 128-token chunks and the fused one in two segments after dv's state
-# pass. dk and dv (and dS0) round differently from the pairs' and agree within the bound; the
-# forward and dq are the same kernels, bitwise equal.
-UNSPLIT_DV_CASES = [
+    # where dv's own 64-token blocks would not split (fill more than half the SMs) but the fused
+    # sweep's do: then the two sweeps pair on 128-token chunks, and everything but the forward and dq
+    # rounds differently
     Case(2, 2048, 32, 128, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
-    Case(1, 2100, 96, 128, fp16, Hkv=48, feature_map="relu", normalize=False),
 ]
 
 
-def test_fused_dk_dv_sweep_at_k128_agrees_with_the_paired_sweeps(ar, tmp_path):
-    fused = _sweeps_in_subprocess(tmp_path / "fused.pt", "UNSPLIT_DV_CASES", ATTNRNN_BWD_FUSED_DKV128="1")
-    paired = _sweeps_in_subprocess(tmp_path / "paired.pt", "UNSPLIT_DV_CASES", ATTNRNN_BWD_FUSED_DKV128="0")
-    _assert_agree_and_equal_in(("o", "dq"), UNSPLIT_DV_CASES, fused, paired)
+@WGMMA
+def test_fused_dk_dv_sweep_agrees_with_the_two_sweeps(ar, forced_plan):
+    with forced_plan(separate_grad_kv=True):
+        apart = _run_cases(ar, FUSED_DKV_CASES)
+    _assert_runs_agree(FUSED_DKV_CASES, _run_cases(ar, FUSED_DKV_CASES), apart)
 
 
-# dq's partials from the forward's state pass, saved by the autograd kernel (unnormalized,
-# K = V = 128, where the forward and dq split alike: the second, seventh (GQA) and eighth (fp16, a
-# feature map, varlen) cases above; with every sweep paired the forward runs the 128-token pair and
-# saves none) against dq's own state pass. The forward, dk and dv do not change, so everything but dq
-# is bitwise equal; dq's state is the transpose of the forward's, summed over the same 64-token tiles
-# with the operands' roles swapped, so dq agrees within the bound.
-def test_forward_segment_states_for_dq_agree_with_dq_own_pass(ar, tmp_path):
-    saved = _sweeps_in_subprocess(tmp_path / "saved.pt", "STATE_PASS_CASES", ATTNRNN_FWD_STATES_FOR_DQ="1")
-    own = _sweeps_in_subprocess(tmp_path / "own.pt", "STATE_PASS_CASES", ATTNRNN_FWD_STATES_FOR_DQ="0")
-    _assert_bitwise_but("dq", STATE_PASS_CASES, saved, own)
+@WGMMA
+def test_fused_dk_dv_sweep_at_k128_agrees_with_the_two_sweeps(ar, forced_plan):
+    with forced_plan(separate_grad_kv=True):
+        apart = _run_cases(ar, FUSED_DKV128_CASES)
+    fused = _run_cases(ar, FUSED_DKV128_CASES)
+    _assert_bitwise_but(("dk",), FUSED_DKV128_CASES[:3], fused[:3], apart[:3])
+    _assert_bitwise_but(("dk", "dv", "dS0"), FUSED_DKV128_CASES[3:], fused[3:], apart[3:])
 
 
-# The comparison above would pass without the state pass ever running (no split, or a launch that
-# fell back to the sweeps' own pass 1): one forward+backward at a split shape runs it for the forward,
-# dq, dk and dv (TcRole 0, 2, 3, 4 in the kernels' names) with normalize; without it dv's pass is
-# dk's too (launch.cuh, shared_dkv_state_pass) and the forward's is dq's (fwd_states_for_dq_floats),
-# so neither dk's nor dq's runs.
-@pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0),
-                    reason="the wgmma sweeps and their state pass need sm_90a")
+# Without the fused sweep, dk's partials come from dv's state pass (unnormalized K = V = 128: dk's
+# state is the transpose of dv's), and dk runs no pass 1; dq's come from the forward's state pass.
+# Both paths against the float64 reference, by the rules.
+@WGMMA
+@pytest.mark.parametrize("case", FUSED_DKV128_CASES[:3], ids=lambda c: c.id)
+def test_shared_first_passes_meet_rules(ar, ref, forced_plan, case):
+    inp = make_inputs(case, "cuda")
+    with forced_plan(separate_grad_kv=True):
+        ours = run(ar.chunk_linear_attn, case, inp)
+    base, ref64 = baselines_and_reference(ref, case, inp)
+    check_all(ours, base, ref64, case.dtype)
+
+
+# Which kernels one forward+backward at a split shape runs (ScanRole in the kernels' names: 0
+# forward, 1 dq, 2 dk, 3 dv): with normalize each sweep sums its own segments on the state kernel;
+# without it dv's pass is dk's too and the forward's is dq's, and dk and dv run as one sweep.
+@WGMMA
 @pytest.mark.parametrize("Hkv", [2, 1], ids=["H2-Hkv2", "H2-Hkv1"])
 @pytest.mark.parametrize("normalize", [False, True], ids=["unnormalized", "normalize"])
 def test_state_pass_runs_for_every_split_sweep(ar, normalize, Hkv):
@@ -428,91 +325,17 @@ def test_state_pass_runs_for_every_split_sweep(ar, normalize, Hkv):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         run(ar.chunk_linear_attn, case, inp)
         torch.cuda.synchronize()
-    roles = {int(m.group(1)) for e in prof.events() if "chunk_wg_state_kernel" in e.name
-             for m in [re.search(r"TcRole\)(\d)", e.name)] if m}
-    expected = {0, 2, 3, 4} if normalize else {0, 4}
-    assert roles == expected, sorted(e.name for e in prof.events() if "chunk_wg" in e.name)
-    fused = any("chunk_wg_dkv_kernel" in e.name for e in prof.events())
+    roles = {int(m.group(1)) for e in prof.events() if "segment_state_kernel" in e.name
+             for m in [re.search(r"ScanRole\)(\d)", e.name)] if m}
+    expected = {0, 1, 2, 3} if normalize else {0, 3}
+    assert roles == expected, sorted(e.name for e in prof.events() if "attnrnn" in e.name)
+    fused = any("wgmma_grad_kv_kernel" in e.name for e in prof.events())
     assert fused == (not normalize), "dk and dv from one sweep at K = V = 128 exactly without the normalizer"
 
 
-# relu applied by the wgmma sweeps to their own q and k tiles in shared memory (the default) against
-# relu(q), relu(k) first written to the workspace by a pass (ATTNRNN_PHI_IN_SWEEP=0): the sweeps see
-# the same tiles either way (x < 0 ? 0 : x of each element), so every output is bitwise equal. Both
-# dtypes, inner dims 64 and 128, both normalize modes, GQA, varlen, split sweeps with their state
-# passes (the fused dk + dv sweeps at K = V = 64 and 128), states; each wgmma mask's set of kernels.
-PHI_CASES = [
-    Case(2, 300, 4, 64, bf16, Hkv=2, feature_map="relu", initial_state=True, final_state=True),
-    Case(1, 333, 4, 128, fp16, Hkv=1, feature_map="relu", seqlens=(0, 64, 1, 200, 68)),
-    Case(1, 5000, 4, 128, bf16, Hkv=2, feature_map="relu", initial_state=True, final_state=True),  # split, normalize
-    Case(1, 5000, 2, 128, bf16, feature_map="relu", normalize=False, initial_state=True,
-         final_state=True),  # fused dk + dv at 128
-    Case(1, 4003, 2, 128, fp16, feature_map="relu", normalize=False, seqlens=(0, 64, 1, 3870, 68)),
-    Case(1, 3000, 4, 64, bf16, Hkv=2, feature_map="relu", normalize=False),  # the fused dk + dv sweep at 64
-    Case(2, 2048, 32, 128, bf16, feature_map="relu", normalize=False),  # the fused sweep where dv alone would not split
-    Case(1, 3000, 2, 64, bf16, V=128, feature_map="relu"),
-]
-
-
-@pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0), reason="the wgmma sweeps need sm_90a")
-@pytest.mark.parametrize("wgmma", ["63", "127", "3"], ids=["shape-rule", "pair-everywhere", "64-token-sweeps"])
-def test_relu_in_the_sweeps_equals_the_feature_pass(ar, tmp_path, wgmma):
-    in_sweep = _sweeps_in_subprocess(tmp_path / "in.pt", "PHI_CASES", ATTNRNN_TC_WGMMA=wgmma)
-    pass_ = _sweeps_in_subprocess(tmp_path / "pass.pt", "PHI_CASES", ATTNRNN_TC_WGMMA=wgmma, ATTNRNN_PHI_IN_SWEEP="0")
-    _assert_bitwise_but(None, PHI_CASES, in_sweep, pass_)
-
-
-# Saved features (the default) against the feature pass in the forward and again in the backward
-# (ATTNRNN_SAVE_FEATURES=0): autograd's forward writes phi(q), phi(k) with the pass's kernel, runs
-# on them with the identity map and the backward reads them (phi_given), so the sweeps, wgmma
-# (mask 63) or mma.sync (mask 0), see the same rows either way, phi' included, and every output is
-# bitwise equal. GQA, varlen, states, split sweeps, the forward's segment states for dq (K = V = 128
-# without normalize), both dtypes; relu, which is saved on the mma.sync sweeps only (the wgmma
-# forward applies it itself).
-SAVED_PHI_CASES = [
-    Case(2, 300, 4, 64, bf16, Hkv=2, initial_state=True, final_state=True),
-    Case(2, 300, 4, 64, bf16, V=128, noncontig=True),  # strided q, k, v: the features op reads them
-    Case(1, 333, 4, 128, fp16, Hkv=1, seqlens=(0, 64, 1, 200, 68)),
-    Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),  # split, normalize
-    Case(1, 5000, 2, 128, bf16, normalize=False, initial_state=True, final_state=True),  # dq on the forward's states
-    Case(1, 3000, 4, 64, bf16, Hkv=2, normalize=False),
-    Case(2, 300, 4, 64, bf16, feature_map="relu"),
-]
-
-
-_SAVES_RUN = """
-import sys, torch
-sys.path[:0] = sys.argv[2:]
-import attnrnn
-from cases import make_inputs
-import test_cuda
-flags = []
-for c in test_cuda.SAVED_PHI_CASES:
-    inp = make_inputs(c, "cuda")
-    flags.append(attnrnn._C.chunk_saves_features(inp["q"], inp["k"], inp["v"], inp.get("cu_seqlens"),
-                                                 c.feature_map, c.normalize, 0))
-torch.save(flags, sys.argv[1])
-"""
-
-
-@pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0), reason="the wgmma sweeps need sm_90a")
-@pytest.mark.parametrize("wgmma", ["63", "0"], ids=["wgmma-sweeps", "mma-sync-sweeps"])
-def test_saved_features_equal_a_second_feature_pass(ar, tmp_path, wgmma):
-    # Every elu1 case saves its features under both masks; relu only on the mma.sync sweeps.
-    subprocess.run([sys.executable, "-c", _SAVES_RUN, str(tmp_path / "flags.pt"), *sys.path],
-                   env=dict(os.environ, ATTNRNN_TC_WGMMA=wgmma), check=True)
-    expected = [c.feature_map == "elu1" or wgmma == "0" for c in SAVED_PHI_CASES]
-    assert torch.load(tmp_path / "flags.pt") == expected
-    saved = _sweeps_in_subprocess(tmp_path / "saved.pt", "SAVED_PHI_CASES", ATTNRNN_TC_WGMMA=wgmma)
-    two_passes = _sweeps_in_subprocess(tmp_path / "passes.pt", "SAVED_PHI_CASES", ATTNRNN_TC_WGMMA=wgmma,
-                                       ATTNRNN_SAVE_FEATURES="0")
-    _assert_bitwise_but(None, SAVED_PHI_CASES, saved, two_passes)
-
-
-# The comparison above would pass if neither run applied relu in the sweeps: by default a
-# forward+backward with relu at a wgmma shape runs no feature_map_kernel, and one with elu1 runs the
-# pass (its exp in the sweeps measured slower than the pass: launch_plan.cuh).
-@pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0), reason="the wgmma sweeps need sm_90a")
+# relu is applied by the wgmma sweeps to their own q and k tiles; elu1 takes a feature pass (its exp in
+# the sweeps measured slower than the pass: features.cuh).
+@WGMMA
 @pytest.mark.parametrize("feature_map,feature_pass", [("relu", False), ("elu1", True)], ids=["relu", "elu1"])
 def test_only_elu1_runs_a_feature_pass_on_the_wgmma_sweeps(ar, feature_map, feature_pass):
     case = Case(1, 8192, 2, 128, bf16, feature_map=feature_map, normalize=False)
@@ -521,128 +344,95 @@ def test_only_elu1_runs_a_feature_pass_on_the_wgmma_sweeps(ar, feature_map, feat
         run(ar.chunk_linear_attn, case, inp)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
-    assert any("chunk_wg" in n for n in names), "the wgmma sweeps did not run"
-    assert any("feature_map_kernel" in n for n in names) == feature_pass
+    assert any("wgmma_scan_kernel" in n for n in names), "the wgmma sweeps did not run"
+    assert any("feature_pass_kernel" in n for n in names) == feature_pass
 
 
-# The forward at K = 128 on 128-token chunks and two warpgroups (bit 3 of ATTNRNN_TC_WGMMA, with bit 6
-# at every shape) against the 64-token forward: GQA, states, varlen (a 64-token sequence leaves the second
-# warpgroup no rows; 200 tokens end in a 72-token chunk), two-pass with z partials, fp16 with a
-# feature map, V = 64 and 128; the backward's gradients come through the saved denominators. (With
-# normalize, identity features on signed inputs put q.z near zero, where the two chunkings' rounding
-# differs by more than the bound: those cases run against the float64 reference elsewhere.)
-PAIR_FORWARD_CASES = [
+# The sweeps with inner dim 128 on 128-token chunks and two warpgroups against the 64-token sweeps:
+# GQA, states, varlen (a 64-token sequence leaves the second warpgroup no rows; 200 tokens end in a
+# 72-token chunk), K != V (only the sweeps with inner dim 128 pair), splits with z partials, fp16 with
+# a feature map, both normalize modes. The sweeps that pair round differently; the others are the same
+# kernels. (With normalize, identity features on signed inputs put q.z near zero, where the two
+# chunkings' rounding differs by more than the bound: those cases run against the float64 reference
+# elsewhere.)
+PAIR_CASES = [
     Case(2, 300, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
     Case(1, 333, 4, 128, bf16, Hkv=1, V=64, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
-    Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),  # two-pass, GQA
-    Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False),  # two-pass, no z
+    Case(1, 333, 4, 64, bf16, Hkv=2, V=128, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
+    Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
+    Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False),
     Case(2, 190, 2, 128, fp16, feature_map="relu"),
-    Case(1, 5000, 4, 128, fp16, Hkv=2, initial_state=True, final_state=True),  # fp16's z in fp32, two-pass
+    Case(2, 190, 2, 128, fp16, feature_map="relu", normalize=False),
+    Case(1, 5000, 4, 128, fp16, Hkv=2, initial_state=True, final_state=True),
 ]
 
 
-def test_pair_forward_agrees_with_the_64_token_forward(ar, tmp_path):
-    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_FORWARD_CASES", ATTNRNN_TC_WGMMA="79")
-    single = _sweeps_in_subprocess(tmp_path / "single.pt", "PAIR_FORWARD_CASES", ATTNRNN_TC_WGMMA="7")
-    _assert_runs_agree(PAIR_FORWARD_CASES, pair, single)
-    for case, a, b in zip(PAIR_FORWARD_CASES, pair, single):
-        assert not torch.equal(a["o"], b["o"]), f"{case.id}: the 128-token forward did not run"
+@WGMMA
+def test_paired_sweeps_agree_with_the_64_token_sweeps(ar, forced_plan):
+    with forced_plan(pairing="always", separate_grad_kv=True):
+        pair = _run_cases(ar, PAIR_CASES)
+    with forced_plan(pairing="never", separate_grad_kv=True):
+        single = _run_cases(ar, PAIR_CASES)
+    _assert_runs_agree(PAIR_CASES, pair, single)
+    for case, a, b in zip(PAIR_CASES, pair, single):
+        # the forward and dv pair at K = 128, dq and dk at V = 128; with normalize the backward reads
+        # the forward's w, which a paired forward rounds differently
+        same_forward = case.K == 64 or not case.normalize
+        for name, paired in (("o", case.K == 128), ("dv", case.K == 128), ("dq", case.V == 128),
+                             ("dk", case.V == 128)):
+            if paired:
+                assert not torch.equal(a[name], b[name]), f"{case.id}: {name} did not pair"
+            elif same_forward:
+                assert torch.equal(a[name], b[name]), f"{case.id}: {name} should be the same kernel's"
 
 
-# The 128-token forward at every shape (ATTNRNN_TC_WGMMA=79) against the float64 reference, by the rules
-# (docs/design.md §4): its normalizer sums z on the tensor cores into the running accumulator, so a
-# long sequence (one pass, and two with a segment split) checks that z and the outputs keep their
-# accuracy; fp16 keeps a . z in fp32.
-PAIR_FORWARD_RULE_CASES = [
+# The 128-token forward against the float64 reference, by the rules: its normalizer sums z on the
+# tensor cores into the running accumulator, so a long sequence (one pass, and two with a segment
+# split) checks that z and the outputs keep their accuracy; fp16 keeps a . z in fp32.
+PAIR_RULE_CASES = [
     Case(1, 16384, 2, 128, bf16, initial_state=True, final_state=True),
     Case(4, 2000, 2, 128, fp16, Hkv=1, final_state=True),
 ]
 
 
-def test_pair_forward_meets_rules_on_long_sequences(ar, ref, tmp_path):
-    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_FORWARD_RULE_CASES", ATTNRNN_TC_WGMMA="79")
-    for case, ours in zip(PAIR_FORWARD_RULE_CASES, pair):
-        inp = make_inputs(case, "cuda")
-        base, ref64 = baselines_and_reference(ref, case, inp)
-        check_all({name: x.cuda() for name, x in ours.items()}, base, ref64, case.dtype)
+@WGMMA
+@pytest.mark.parametrize("case", PAIR_RULE_CASES, ids=lambda c: c.id)
+def test_paired_sweeps_meet_rules_on_long_sequences(ar, ref, forced_plan, case):
+    inp = make_inputs(case, "cuda")
+    with forced_plan(pairing="always"):
+        ours = run(ar.chunk_linear_attn, case, inp)
+    base, ref64 = baselines_and_reference(ref, case, inp)
+    check_all(ours, base, ref64, case.dtype)
 
 
-# dq at V = 128 on 128-token chunks and two warpgroups (bit 4 of ATTNRNN_TC_WGMMA, with bit 6 at every
-# shape) against the 64-token dq sweep: GQA, states, varlen with short chunks, K = 64 (one output tile),
-# two-pass with z partials, fp16 with a feature map (phi'), normalize on and off.
-PAIR_DQ_CASES = [
-    Case(2, 300, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
-    Case(1, 333, 4, 64, bf16, Hkv=2, V=128, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
-    Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),  # two-pass, GQA
-    Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False),  # two-pass, no z
-    Case(2, 190, 2, 128, fp16, feature_map="relu"),
-]
-
-
-def test_pair_dq_sweep_agrees_with_the_64_token_sweep(ar, tmp_path):
-    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_DQ_CASES", ATTNRNN_TC_WGMMA="95")
-    single = _sweeps_in_subprocess(tmp_path / "single.pt", "PAIR_DQ_CASES", ATTNRNN_TC_WGMMA="79")
-    _assert_runs_agree(PAIR_DQ_CASES, pair, single)
-    for case, a, b in zip(PAIR_DQ_CASES, pair, single):
-        assert torch.equal(a["o"], b["o"]), f"{case.id}: the forward should be the same in both"
-        assert not torch.equal(a["dq"], b["dq"]), f"{case.id}: the 128-token dq sweep did not run"
-
-
-# dk at V = 128 and dv at K = 128 on 128-token chunks and two warpgroups (bit 5 of
-# ATTNRNN_TC_WGMMA, with bit 6 at every shape) against the 64-token sweeps: group sums over GQA heads, states,
-# varlen with short chunks, K != V (only one of the two paired), two-pass with dz partials, fp16 with
-# a feature map (phi'), normalize on and off.
-PAIR_DK_DV_CASES = [
-    Case(2, 300, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),
-    Case(1, 333, 4, 64, bf16, Hkv=2, V=128, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
-    Case(1, 333, 2, 128, bf16, Hkv=1, V=64, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
-    Case(1, 5000, 4, 128, bf16, Hkv=2, initial_state=True, final_state=True),  # two-pass, GQA
-    Case(1, 5000, 2, 128, bf16, feature_map=None, normalize=False),  # two-pass, no dz
-    Case(2, 190, 2, 128, fp16, feature_map="relu"),
-    Case(2, 190, 2, 128, fp16, feature_map="relu", normalize=False),
-    Case(1, 333, 4, 128, bf16, Hkv=2, seqlens=(0, 64, 1, 200, 68)),  # no states: dd columns weigh in dk
-]
-
-
-def test_pair_dk_dv_sweeps_agree_with_the_64_token_sweeps(ar, tmp_path):
-    pair = _sweeps_in_subprocess(tmp_path / "pair.pt", "PAIR_DK_DV_CASES", ATTNRNN_TC_WGMMA="127")
-    single = _sweeps_in_subprocess(tmp_path / "single.pt", "PAIR_DK_DV_CASES", ATTNRNN_TC_WGMMA="95")
-    _assert_agree_and_equal_in(("o", "dq"), PAIR_DK_DV_CASES, pair, single)
-    for case, a, b in zip(PAIR_DK_DV_CASES, pair, single):
-        # dk is paired at V = 128, dv at K = 128; the other runs the same 64-token sweep in both
-        for name, paired in (("dk", case.V == 128), ("dv", case.K == 128)):
-            assert torch.equal(a[name], b[name]) != paired, f"{case.id}: {name} paired={paired}"
-
-
-
-# The default mask pairs a sweep where the 64-token sweep's blocks would leave SMs with one
-# warpgroup (one wave, no segment split), and keeps the 64-token sweeps where two of their blocks
-# share an SM (a split at few blocks, or more blocks than SMs); the bf16 normalize forward pairs in
-# a split too. Each case with the mask that forces what the default should pick: 127 every sweep
-# paired, 79 the forward alone (the backward's results depend on the forward's o and w), 7 none.
+# The plan pairs a sweep where its 64-token blocks would leave SMs with one warpgroup (one wave, no
+# split) and keeps the 64-token sweeps where two of their blocks share an SM (a split at few blocks,
+# or more blocks than SMs); the bf16 normalize forward pairs in a split too. Which roles ran on the
+# 128-token kernel (ScanRole in its name: 0 forward, 1 dq, 2 dk, 3 dv), per case.
 def _shape_rule_cases():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     return [
-        (Case(sms // 8, 130, 4, 128, bf16, initial_state=True, final_state=True), "127"),  # sms // 8 * 8 blocks
-        (Case(1, 5000, 2, 128, bf16, initial_state=True, final_state=True), "79"),  # 4 blocks: a split
-        (Case(1, 5000, 2, 128, bf16, normalize=False, initial_state=True, final_state=True), "7"),
-        (Case(1, 5000, 2, 128, fp16, initial_state=True, final_state=True), "7"),  # fp16 keeps the rule
-        (Case(sms, 70, 4, 128, bf16), "7"),  # 8 blocks per SM
+        (Case(sms // 8, 130, 4, 128, bf16, initial_state=True, final_state=True), {0, 1, 2, 3}),  # sms // 8 * 8 blocks
+        (Case(1, 5000, 2, 128, bf16, initial_state=True, final_state=True), {0}),  # 4 blocks: a split
+        (Case(1, 5000, 2, 128, bf16, normalize=False, initial_state=True, final_state=True), set()),
+        (Case(1, 5000, 2, 128, fp16, initial_state=True, final_state=True), set()),  # fp16 keeps the rule
+        (Case(sms, 70, 4, 128, bf16), set()),  # 8 blocks per SM
     ]
 
 
 SHAPE_RULE = _shape_rule_cases() if torch.cuda.is_available() else []
-SHAPE_RULE_CASES = [case for case, _ in SHAPE_RULE]
 
 
-def test_default_mask_picks_the_sweeps_of_the_shape_rule(ar, tmp_path):
-    runs = {mask: _sweeps_in_subprocess(tmp_path / f"mask{mask}.pt", "SHAPE_RULE_CASES", ATTNRNN_TC_WGMMA=mask)
-            for mask in ("63", "127", "79", "7")}
-    for i, (case, forced) in enumerate(SHAPE_RULE):
-        for name in ("o", "dq", "dk", "dv"):
-            assert torch.equal(runs["63"][i][name], runs[forced][i][name]), f"{case.id}: {name} should be as mask {forced}"
-            assert not torch.equal(runs["127"][i][name], runs["7"][i][name]), \
-                f"{case.id}: {name}: the two sweeps should differ in rounding"
+@WGMMA
+@pytest.mark.parametrize("case,paired", SHAPE_RULE, ids=[c.id for c, _ in SHAPE_RULE])
+def test_the_plan_pairs_the_sweeps_of_the_shape_rule(ar, case, paired):
+    inp = make_inputs(case, "cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run(ar.chunk_linear_attn, case, inp)
+        torch.cuda.synchronize()
+    roles = {int(m.group(1)) for e in prof.events() if "wgmma_pair_scan_kernel" in e.name
+             for m in [re.search(r"ScanRole\)(\d)", e.name)] if m}
+    assert roles == paired, sorted(e.name for e in prof.events() if "attnrnn" in e.name)
 
 
 def test_forward_backward_under_cuda_graph_replay(ar):

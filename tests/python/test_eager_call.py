@@ -11,9 +11,9 @@ from torch.overrides import TorchFunctionMode
 from cases import Case, make_inputs
 
 
-def _chunk_args(inp, normalize, final_state=True, chunk=0, save_den=False):
+def _chunk_args(inp, normalize, final_state=True, chunk=0, for_backward=False):
     return (inp["q"], inp["k"], inp["v"], None, None, None, 0.5, 1e-6, "elu1", normalize, final_state, chunk,
-            save_den)
+            for_backward)
 
 
 @pytest.mark.parametrize("normalize", [False, True], ids=["unnorm", "norm"])

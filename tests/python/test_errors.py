@@ -232,10 +232,12 @@ def _seq_args(q_shape=(2, 8, 4, 16), v_shape=(2, 8, 2, 8), cu=None):
     return (q, k, torch.randn(*v_shape), None, None, cu, 0.25, 1e-6, "elu1", True, True)
 
 
-def _bwd_args(q_shape=(2, 8, 4, 16), cu=None):
+def _bwd_args(q_shape=(2, 8, 4, 16), cu=None, chunk=False):
     q = torch.randn(*q_shape)
-    return (torch.randn(2, 8, 4, 8), None, None, None, q, torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 8),
-            None, None, cu, 0.25, 1e-6, "elu1", True)
+    tensors = (torch.randn(2, 8, 4, 8), q, torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 8), torch.randn(2, 8, 4, 8))
+    saved = (torch.zeros(0, dtype=torch.uint8),) if chunk else ()
+    options = (None, None, None, None, cu, 0.25, 1e-6, "elu1", True) + ((0,) if chunk else ())
+    return tensors + saved + options
 
 
 def _empty_cu():
@@ -253,18 +255,9 @@ FAKE_CASES = [
     ("recurrent_fwd-q-3d", "recurrent_fwd", lambda: _seq_args(q_shape=(2, 8, 64)), r"\bq must be a 4-D tensor"),
     ("recurrent_fwd-cu_seqlens-empty", "recurrent_fwd", lambda: _seq_args(cu=_empty_cu()),
      r"cu_seqlens must be a 1-D tensor"),
-    ("chunk_bwd-q-3d", "chunk_bwd", lambda: _bwd_args(q_shape=(2, 8, 64)) + (0,), r"\bq must be a 4-D tensor"),
+    ("chunk_bwd-q-3d", "chunk_bwd", lambda: _bwd_args(q_shape=(2, 8, 64), chunk=True), r"\bq must be a 4-D tensor"),
     ("recurrent_bwd-cu_seqlens-empty", "recurrent_bwd", lambda: _bwd_args(cu=_empty_cu()),
      r"cu_seqlens must be a 1-D tensor"),
-    ("features-q-3d", "features", lambda: (torch.randn(2, 8, 64), torch.randn(2, 8, 2, 64), "elu1"),
-     r"\bq must be a 4-D tensor"),
-    ("features-k-dtype", "features",
-     lambda: (torch.randn(2, 8, 4, 16), torch.randn(2, 8, 2, 16, dtype=torch.float64), "elu1"),
-     r"k must have the dtype of q"),
-    ("features-k-head-dim", "features", lambda: (torch.randn(2, 8, 4, 16), torch.randn(2, 8, 2, 8), "elu1"),
-     r"k must have the batch, length and head dim of q"),
-    ("features-feature-map", "features", lambda: (torch.randn(2, 8, 4, 16), torch.randn(2, 8, 2, 16), "tanh"),
-     r"feature_map must be 'identity', 'elu1' or 'relu'"),
     ("step-q-2d", "step",
      lambda: (torch.randn(3, 64), torch.randn(3, 2, 16), torch.randn(3, 2, 8), torch.zeros(4, 2, 16, 8),
               torch.ones(4, 2, 16), None, 0.25, 1e-6, "elu1", True),
@@ -277,51 +270,36 @@ def test_fake_kernel_raises_the_named_error_of_the_real_op(ar, name, build, rege
     assert_fake_kernel_raises_like_the_op(name, build, regex)
 
 
-# ---- the backward's den argument (the forward's saved denominators) -------------------------------
+# ---- the backward's saved argument (what the forward kept for it) ----------------------------------
 
-def _den_bwd_call(den, normalize=True):
-    """chunk_bwd on valid tensors (B 2, T 8, H 4, Hkv 2, K 16, V 8) with the given den."""
-    q, k, v = torch.randn(2, 8, 4, 16), torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 8)
-    dout = torch.randn(2, 8, 4, 8)
-    o = torch.randn(2, 8, 4, 8)
-    return torch.ops.attnrnn.chunk_bwd(dout, o, None, None, q, k, v, None, None, None, 0.25, 1e-6, "elu1",
-                                       normalize, 0, den)
+def _bwd_call(saved, device="cpu"):
+    """chunk_bwd on valid tensors (B 2, T 8, H 4, Hkv 2, K 16, V 8) with the given saved tensor."""
+    q, k, v = (torch.randn(2, 8, h, d, device=device) for h, d in ((4, 16), (2, 16), (2, 8)))
+    dout, o = torch.randn(2, 8, 4, 8, device=device), torch.randn(2, 8, 4, 8, device=device)
+    return torch.ops.attnrnn.chunk_bwd(dout, q, k, v, o, saved, None, None, None, None, None, 0.25, 1e-6, "elu1",
+                                       True, 0)
 
 
-@pytest.mark.parametrize("den,normalize,regex", [
-    pytest.param(torch.ones(2, 8, 4, dtype=torch.float64), True, r"den must be float32", id="fp64"),
-    pytest.param(torch.ones(2, 8, 3), True, r"den must have shape", id="wrong-heads"),
-    pytest.param(torch.ones(2, 4, 8).transpose(1, 2), True, r"den must be contiguous", id="strided"),
-    pytest.param(torch.ones(2, 8, 4), False, r"den .*must be None with normalize=False", id="unnormalized"),
+@pytest.mark.parametrize("saved,regex", [
+    pytest.param(torch.zeros(0, dtype=torch.float32), r"saved must be the forward's saved tensor .*uint8 \[0\]",
+                 id="fp32"),
+    pytest.param(torch.zeros(16, dtype=torch.uint8), r"saved must be the forward's saved tensor .*uint8 \[0\]",
+                 id="wrong-size"),
+    pytest.param(torch.zeros(2, 0, dtype=torch.uint8), r"saved must be the forward's saved tensor", id="2-D"),
 ])
-def test_chunk_bwd_rejects_a_bad_den(ar, den, normalize, regex):
+def test_chunk_bwd_rejects_a_saved_tensor_of_another_forward(ar, saved, regex):
     with pytest.raises(ValueError, match=regex):
-        _den_bwd_call(den, normalize)
+        _bwd_call(saved)
 
 
-def test_chunk_bwd_treats_an_empty_den_as_absent(ar):
-    torch.manual_seed(0)
-    with_empty = _den_bwd_call(torch.empty(0))
-    torch.manual_seed(0)
-    without = _den_bwd_call(None)
-    for a, b in zip(with_empty, without):
-        assert torch.equal(a, b)
-
-
-# ---- the forward's segment states (chunk_fwd_with_segment_states, chunk_bwd's segment_states) -----
-# Only CUDA forwards at K = V = 128 without normalize whose sweeps split save them
-# (chunk_fwd_segment_state_floats); anywhere else a tensor passed for them is refused, not ignored.
-
-def test_forward_refuses_segment_states_where_it_saves_none(ar):
-    q, k, v = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 8)
-    with pytest.raises(ValueError, match=r"segment_states: the forward saves no segment states for these inputs"):
-        torch.ops.attnrnn.chunk_fwd_with_segment_states(q, k, v, None, None, None, 0.25, 1e-6, "identity", False,
-                                                         False, 0, False, torch.zeros(16))
-
-
-def test_chunk_bwd_refuses_segment_states_where_the_forward_saves_none(ar):
-    q, k, v = torch.randn(2, 8, 4, 16), torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 8)
-    dout = torch.randn(2, 8, 4, 8)
-    with pytest.raises(ValueError, match=r"segment_states: the forward saves no segment states for these inputs"):
-        torch.ops.attnrnn.chunk_bwd(dout, None, None, None, q, k, v, None, None, None, 0.25, 1e-6, "identity",
-                                    False, 0, None, torch.zeros(16))
+def test_chunk_bwd_takes_the_forwards_saved_tensor(ar, device):
+    q, k, v = (torch.randn(2, 8, h, d, device=device) for h, d in ((4, 16), (2, 16), (2, 8)))
+    o, _, _, saved = torch.ops.attnrnn.chunk_fwd(q, k, v, None, None, None, 0.25, 1e-6, "elu1", True, False, 0, True)
+    dout = torch.randn_like(o)
+    dq, dk, dv, _, _ = torch.ops.attnrnn.chunk_bwd(dout, q, k, v, o, saved, None, None, None, None, None, 0.25, 1e-6,
+                                                   "elu1", True, 0)
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    torch.autograd.backward(torch.ops.attnrnn.chunk_fwd(qg, kg, vg, None, None, None, 0.25, 1e-6, "elu1", True,
+                                                        False, 0)[0], dout)
+    for got, want in ((dq, qg.grad), (dk, kg.grad), (dv, vg.grad)):
+        assert torch.equal(got, want)

@@ -45,7 +45,7 @@ struct BwdScratch {
 template <class T>
 struct Work {
   using A = acc_t<T>;
-  const LinearAttnParams& p;
+  const LinearAttnBwdParams& p;
   const Dims& d;
   BwdScratch<A>& w;
   const Segment& sg;
@@ -62,7 +62,7 @@ struct Work {
   void load_kv(int64_t t0, int64_t L, bool with_dphi, bool with_kt) {
     const int64_t K = d.K, V = d.V;
     for (int64_t i = 0; i < L; ++i) {
-      load_phi(p, at<T>(p.k, seq.b, t0 + i, g), K, A(1), &w.kp[i * K],
+      load_phi(p.feature_map, at<T>(p.k, seq.b, t0 + i, g), K, A(1), &w.kp[i * K],
                with_dphi ? &w.dphi_k[i * K] : nullptr);
       load_row(at<T>(p.v, seq.b, t0 + i, g), V, &w.v[i * V]);
     }
@@ -73,7 +73,7 @@ struct Work {
   // q' (and scale * phi'(q)) and dout of head h.
   void load_q_do(int64_t t0, int64_t L, int64_t h, bool with_dphi) {
     for (int64_t i = 0; i < L; ++i) {
-      load_phi(p, at<T>(p.q, seq.b, t0 + i, h), d.K, scale, &w.qp[i * d.K],
+      load_phi(p.feature_map, at<T>(p.q, seq.b, t0 + i, h), d.K, scale, &w.qp[i * d.K],
                with_dphi ? &w.dphi_q[i * d.K] : nullptr);
       load_row(at<T>(p.dout, seq.b, t0 + i, h), d.V, &w.dn[i * d.V]);
     }
@@ -197,7 +197,7 @@ struct Work {
 
 }  // namespace
 
-Status chunk_bwd(const LinearAttnParams& p) {
+Status chunk_bwd(const LinearAttnBwdParams& p) {
   return dispatch_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;

@@ -38,7 +38,7 @@ struct FwdScratch {
 
 // The chunks of one segment, starting from the state in w.S, w.z.
 template <class T>
-void forward_segment(const LinearAttnParams& p, const Dims& d, int64_t C, const Segment& sg,
+void forward_segment(const LinearAttnFwdParams& p, const Dims& d, int64_t C, const Segment& sg,
                      FwdScratch<acc_t<T>>& w) {
   using A = acc_t<T>;
   const int64_t g = sg.item % d.Hkv, K = d.K, V = d.V;
@@ -91,7 +91,7 @@ void forward_segment(const LinearAttnParams& p, const Dims& d, int64_t C, const 
 
 }  // namespace
 
-Status chunk_fwd(const LinearAttnParams& p) {
+Status chunk_fwd(const LinearAttnFwdParams& p) {
   return dispatch_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;

@@ -38,7 +38,7 @@ struct Dims {
   int64_t N, H, Hkv, G, K, V;
 };
 
-inline Dims dims_of(const LinearAttnParams& p) {
+inline Dims dims_of(const LinearAttnFwdParams& p) {
   const int64_t n = p.cu_seqlens != nullptr ? p.num_seqs : p.batch;
   return Dims{n, p.num_heads, p.num_kv_heads, p.num_heads / p.num_kv_heads, p.head_dim_k, p.head_dim_v};
 }
@@ -48,7 +48,7 @@ struct Seq {
   int64_t b, t0, len;
 };
 
-inline Seq sequence(const LinearAttnParams& p, int64_t n) {
+inline Seq sequence(const LinearAttnFwdParams& p, int64_t n) {
   if (p.cu_seqlens == nullptr) return Seq{n, 0, p.seqlen};
   int64_t begin, end;
   cu_seqlens_bounds(p.cu_seqlens, p.cu_seqlens_int64, n, begin, end);
@@ -64,37 +64,24 @@ inline T* at(const MutView& v, int64_t b, int64_t t, int64_t h) {
   return static_cast<T*>(v.data) + b * v.stride_b + t * v.stride_t + h * v.stride_h;
 }
 
-// dst[i] = scale * phi(x_i) and, where dphi is non-null, dphi[i] = scale * phi'(x_i). The row src
-// holds x itself, or phi(x) already where PhiGiven (dphi then comes from it). The map is a template
-// argument so that each loop is one straight-line body the compiler vectorizes.
-template <FeatureMap M, bool PhiGiven, class T, class A>
+// dst[i] = scale * phi(x_i) and, where dphi is non-null, dphi[i] = scale * phi'(x_i) (taken from
+// phi(x_i)). The map is a template argument so that each loop is one straight-line body the compiler
+// vectorizes.
+template <FeatureMap M, class T, class A>
 inline void load_phi_as(const T* __restrict src, int64_t n, A scale, A* __restrict dst, A* __restrict dphi) {
   for (int64_t i = 0; i < n; ++i) {
-    const A x = static_cast<A>(to_float(src[i]));
-    const A y = PhiGiven ? x : phi(M, x);
+    const A y = phi(M, static_cast<A>(to_float(src[i])));
     dst[i] = scale * y;
     if (dphi != nullptr) dphi[i] = scale * dphi_of_phi(M, y);
   }
 }
-template <bool PhiGiven, class T, class A>
+template <class T, class A>
 inline void load_phi(FeatureMap fm, const T* __restrict src, int64_t n, A scale, A* __restrict dst, A* __restrict dphi) {
   switch (fm) {
-    case FeatureMap::kElu1: return load_phi_as<FeatureMap::kElu1, PhiGiven>(src, n, scale, dst, dphi);
-    case FeatureMap::kRelu: return load_phi_as<FeatureMap::kRelu, PhiGiven>(src, n, scale, dst, dphi);
-    default: return load_phi_as<FeatureMap::kIdentity, PhiGiven>(src, n, scale, dst, dphi);
+    case FeatureMap::kElu1: return load_phi_as<FeatureMap::kElu1>(src, n, scale, dst, dphi);
+    case FeatureMap::kRelu: return load_phi_as<FeatureMap::kRelu>(src, n, scale, dst, dphi);
+    default: return load_phi_as<FeatureMap::kIdentity>(src, n, scale, dst, dphi);
   }
-}
-template <class T, class A>
-inline void load_phi(FeatureMap fm, const T* __restrict src, int64_t n, A scale, A* __restrict dst, A* __restrict dphi) {
-  load_phi<false>(fm, src, n, scale, dst, dphi);
-}
-// load_phi of an op's q or k rows: with p.phi_given they hold phi already (the chunk backward
-// after linear_attn_features).
-template <class T, class A>
-inline void load_phi(const LinearAttnParams& p, const T* __restrict src, int64_t n, A scale, A* __restrict dst,
-                     A* __restrict dphi) {
-  if (p.phi_given) return load_phi<true>(p.feature_map, src, n, scale, dst, dphi);
-  load_phi<false>(p.feature_map, src, n, scale, dst, dphi);
 }
 
 template <class T, class A>
@@ -173,7 +160,7 @@ inline void store_state(const A* src, int64_t item, int64_t count, void* dst) {
 
 // The chunk size in use: the caller's, or 32 (fastest measured for K = V = 64 with AVX-512);
 // never longer than the longest sequence needs.
-inline int64_t chunk_of(const LinearAttnParams& p) {
+inline int64_t chunk_of(const LinearAttnFwdParams& p) {
   const int64_t c = p.chunk_size > 0 ? p.chunk_size : 32;
   return std::max<int64_t>(1, std::min(c, p.seqlen));
 }

@@ -55,7 +55,7 @@ void rank1_update(const A* __restrict kp, const A* __restrict v, int64_t K, int6
 }
 
 template <class T>
-void forward_item(const LinearAttnParams& p, const Dims& d, int64_t item, RecScratch<acc_t<T>>& w) {
+void forward_item(const LinearAttnFwdParams& p, const Dims& d, int64_t item, RecScratch<acc_t<T>>& w) {
   using A = acc_t<T>;
   const int64_t n = item / d.Hkv, g = item % d.Hkv, K = d.K, V = d.V;
   const Seq seq = sequence(p, n);
@@ -79,7 +79,7 @@ void forward_item(const LinearAttnParams& p, const Dims& d, int64_t item, RecScr
 }
 
 template <class T>
-void backward_item(const LinearAttnParams& p, const Dims& d, int64_t item, RecScratch<acc_t<T>>& w) {
+void backward_item(const LinearAttnBwdParams& p, const Dims& d, int64_t item, RecScratch<acc_t<T>>& w) {
   using A = acc_t<T>;
   const int64_t n = item / d.Hkv, g = item % d.Hkv, K = d.K, V = d.V, G = d.G;
   const Seq seq = sequence(p, n);
@@ -149,7 +149,7 @@ void backward_item(const LinearAttnParams& p, const Dims& d, int64_t item, RecSc
 
 }  // namespace
 
-Status recurrent_fwd(const LinearAttnParams& p) {
+Status recurrent_fwd(const LinearAttnFwdParams& p) {
   return dispatch_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     const Dims d = dims_of(p);
@@ -161,7 +161,7 @@ Status recurrent_fwd(const LinearAttnParams& p) {
   });
 }
 
-Status recurrent_bwd(const LinearAttnParams& p) {
+Status recurrent_bwd(const LinearAttnBwdParams& p) {
   return dispatch_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     const Dims d = dims_of(p);

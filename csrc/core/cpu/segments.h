@@ -19,7 +19,7 @@ struct Segment {
 constexpr int64_t kMinItems = 8;
 constexpr int64_t kMinChunksPerSegment = 4;
 
-inline std::vector<Segment> plan_segments(const LinearAttnParams& p, const Dims& d, int64_t C) {
+inline std::vector<Segment> plan_segments(const LinearAttnFwdParams& p, const Dims& d, int64_t C) {
   const int64_t items = d.N * d.Hkv;
   std::vector<Segment> plan;
   plan.reserve(items);
@@ -40,7 +40,7 @@ inline std::vector<Segment> plan_segments(const LinearAttnParams& p, const Dims&
 // grouping changes only the order in which independent segments interleave, never their
 // arithmetic, so it may depend on the thread count: the largest head groups that still give every
 // thread work.
-inline std::vector<std::vector<int64_t>> lockstep_groups(const LinearAttnParams& p, const Dims& d,
+inline std::vector<std::vector<int64_t>> lockstep_groups(const LinearAttnFwdParams& p, const Dims& d,
                                                          const std::vector<Segment>& plan) {
   const int64_t units = static_cast<int64_t>(plan.size()), threads = executor_threads(p.executor);
   int64_t hg = 1;  // kv heads per group
@@ -74,7 +74,7 @@ inline std::vector<std::vector<int64_t>> lockstep_groups(const LinearAttnParams&
 // Phases 1 and 2 of the scan: the state (S then z, `block` = K·V + K elements) at the start of
 // every segment that is not the first of its item, at start[u * block]; empty when no item is cut.
 template <class T>
-std::vector<acc_t<T>> segment_starts(const LinearAttnParams& p, const Dims& d, int64_t C,
+std::vector<acc_t<T>> segment_starts(const LinearAttnFwdParams& p, const Dims& d, int64_t C,
                                      const std::vector<Segment>& plan) {
   using A = acc_t<T>;
   const int64_t K = d.K, V = d.V, KV = K * V, block = KV + K, units = static_cast<int64_t>(plan.size());
@@ -94,7 +94,7 @@ std::vector<acc_t<T>> segment_starts(const LinearAttnParams& p, const Dims& d, i
       for (int64_t c0 = sg.chunk_begin * C; c0 < std::min(seq.len, sg.chunk_end * C); c0 += C) {
         const int64_t L = std::min(C, seq.len - c0), t0 = seq.t0 + c0;
         for (int64_t i = 0; i < L; ++i) {
-          load_phi(p, at<T>(p.k, seq.b, t0 + i, g), K, A(1), &kp[i * K],
+          load_phi(p.feature_map, at<T>(p.k, seq.b, t0 + i, g), K, A(1), &kp[i * K],
                    static_cast<A*>(nullptr));
           load_row(at<T>(p.v, seq.b, t0 + i, g), V, &v[i * V]);
           for (int64_t k = 0; k < K; ++k) out[KV + k] += kp[i * K + k];
@@ -122,7 +122,7 @@ std::vector<acc_t<T>> segment_starts(const LinearAttnParams& p, const Dims& d, i
 
 // Loads the state at the start of segment u: the item's initial state or start[u].
 template <class A>
-void load_segment_start(const LinearAttnParams& p, const Dims& d, const std::vector<Segment>& plan,
+void load_segment_start(const LinearAttnFwdParams& p, const Dims& d, const std::vector<Segment>& plan,
                         const std::vector<A>& start, int64_t u, A* S, A* z) {
   const int64_t KV = d.K * d.V, block = KV + d.K;
   if (plan[u].first) {

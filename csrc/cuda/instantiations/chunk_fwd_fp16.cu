@@ -1,3 +1,0 @@
-#include "../launch.cuh"
-
-template attnrnn::Status attnrnn::cuda::launch_chunk_fwd<__half>(const LinearAttnParams&, bool);

@@ -1,3 +1,0 @@
-#include "../softmax_launch.cuh"
-
-template attnrnn::Status attnrnn::cuda::launch_softmax_fwd<double>(const SoftmaxAttnParams&);

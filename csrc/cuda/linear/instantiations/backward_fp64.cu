@@ -1,0 +1,3 @@
+#include "../backward.cuh"
+
+template attnrnn::Status attnrnn::cuda::launch_chunk_bwd<double>(const ChunkPlan&, const ChunkArgs&);

@@ -1,0 +1,303 @@
+// make_forward_plan and make_backward_plan (plan.h): the rules of tiles.h applied to one call.
+#include <algorithm>
+
+#include "generic_backward.cuh"
+#include "generic_forward.cuh"
+#include "plan.h"
+#include "tiles.h"
+
+namespace attnrnn::cuda {
+
+DeviceInfo current_device_info() {
+  DeviceInfo d;
+  d.sm_count = sm_count();
+  d.max_smem = max_dynamic_smem();
+#if defined(ATTNRNN_WGMMA)
+  d.wgmma = wgmma_device();
+#endif
+  return d;
+}
+
+namespace {
+
+constexpr int64_t round256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+bool aligned16(const ConstView& x) {
+  return reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && x.stride_b % 8 == 0 && x.stride_t % 8 == 0 &&
+         x.stride_h % 8 == 0;
+}
+bool aligned4_pairs(const void* data, int64_t stride_b, int64_t stride_t, int64_t stride_h) {
+  return reinterpret_cast<uintptr_t>(data) % 4 == 0 && stride_b % 2 == 0 && stride_t % 2 == 0 && stride_h % 2 == 0;
+}
+bool aligned4_pairs(const MutView& x) { return aligned4_pairs(x.data, x.stride_b, x.stride_t, x.stride_h); }
+bool aligned4_pairs(const ConstView& x) { return aligned4_pairs(x.data, x.stride_b, x.stride_t, x.stride_h); }
+
+bool dim_64_or_128(int64_t d) { return d == 64 || d == 128; }
+
+// The shapes the tensor-core sweeps take (bf16/fp16, 64-token chunks, K in {64, 128}; V % 64 == 0 in
+// the forward, V in {64, 128} in the backward), pointers aside: what the saved layout depends on.
+bool tensor_core_shape(const LinearAttnFwdParams& p, bool recurrent, bool backward) {
+  const bool dtype = p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16;
+  const bool chunk = !recurrent && (p.chunk_size == 0 || p.chunk_size == kChunk);
+  const bool dims = dim_64_or_128(p.head_dim_k) && (backward ? dim_64_or_128(p.head_dim_v) : p.head_dim_v % 64 == 0);
+  return dtype && chunk && dims;
+}
+// ... and their rows: 16-byte aligned inputs (cp.async), 4-byte aligned pairs of outputs.
+bool tensor_core_rows(const LinearAttnFwdParams& p) {
+  return aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned4_pairs(p.o);
+}
+bool tensor_core_rows(const LinearAttnBwdParams& p) {
+  return aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.dout) && aligned4_pairs(p.dq) &&
+         aligned4_pairs(p.dk) && aligned4_pairs(p.dv) && (!p.normalize || aligned4_pairs(p.out));
+}
+
+// The roles' output columns and the blocks of their sweeps, (sequence, output tile, kv head).
+enum class Role { kForward, kGradQ, kGradK, kGradV };
+int64_t output_dim(const LinearAttnFwdParams& p, Role r) {
+  return r == Role::kGradQ || r == Role::kGradK ? p.head_dim_k : p.head_dim_v;
+}
+int64_t inner_dim(const LinearAttnFwdParams& p, Role r) {
+  return r == Role::kForward || r == Role::kGradV ? p.head_dim_k : p.head_dim_v;
+}
+
+struct Rules {
+  const LinearAttnFwdParams& p;
+  const DeviceInfo& device;
+  const testing::PlanOverride& forced;
+
+  int64_t kv_blocks() const { return num_states(p) * p.num_kv_heads; }
+  int segments(int64_t blocks, int per_sm) const {
+    return split_segments(blocks, per_sm, p.seqlen, device.sm_count, forced.segments);
+  }
+  bool wgmma(bool backward) const {
+    const bool dims = dim_64_or_128(p.head_dim_k) && (!backward || dim_64_or_128(p.head_dim_v));
+    return device.wgmma && !forced.mma_sync && dims;
+  }
+  int64_t wgmma_blocks(Role r) const { return kv_blocks() * (output_dim(p, r) / 64); }
+  int wgmma_segments(Role r) const {
+    const int per_sm = inner_dim(p, r) == 64 ? WgmmaTiles<64>::blocks_per_sm : WgmmaTiles<128>::blocks_per_sm;
+    return segments(wgmma_blocks(r), per_sm);
+  }
+  int pair_segments(Role r) const { return segments(wgmma_blocks(r), WgmmaPairTiles::blocks_per_sm); }
+  bool pairs(Role r) const {
+    const bool forward = r == Role::kForward;
+    if (inner_dim(p, r) != 128 || p.chunk_size != 0 || !wgmma(!forward)) return false;
+    if (forced.pairing != testing::Pairing::kAuto) return forced.pairing == testing::Pairing::kAlways;
+    return pairs_sweep(forward, p.normalize, p.dtype == DType::kBFloat16, wgmma_blocks(r), wgmma_segments(r),
+                       device.sm_count);
+  }
+  int mma_segments(Role r) const {
+    const int64_t inner = inner_dim(p, r);
+    const int64_t columns = inner == 64 ? MmaTiles<64>::columns : MmaTiles<128>::columns;
+    const int per_sm = inner == 64 ? MmaTiles<64>::blocks_per_sm : MmaTiles<128>::blocks_per_sm;
+    return segments(kv_blocks() * (output_dim(p, r) / columns), per_sm);
+  }
+
+  // A sweep of role r on the kernel the rules give it; first_pass and partials are filled by the caller.
+  Sweep sweep(Role r, bool on_wgmma) const {
+    Sweep s;
+    s.inner = static_cast<int>(inner_dim(p, r));
+    if (!on_wgmma) {
+      s.kernel = SweepKernel::kMma;
+      s.segments = mma_segments(r);
+    } else if (pairs(r)) {
+      s.kernel = SweepKernel::kWgmmaPair;
+      s.segments = pair_segments(r);
+    } else {
+      s.kernel = SweepKernel::kWgmma;
+      s.segments = wgmma_segments(r);
+    }
+    return s;
+  }
+  // Floats of a sweep's pass-1 partials.
+  int64_t partial_floats(Role r, const Sweep& s) const {
+    if (s.segments <= 1) return 0;
+    if (s.kernel == SweepKernel::kMma) {
+      const int64_t columns = s.inner == 64 ? MmaTiles<64>::columns : MmaTiles<128>::columns;
+      const int64_t floats = s.inner == 64 ? MmaTiles<64>::partial_floats : MmaTiles<128>::partial_floats;
+      return s.segments * kv_blocks() * (output_dim(p, r) / columns) * floats;
+    }
+    const int64_t floats = s.inner == 64 ? WgmmaTiles<64>::partial_floats : WgmmaTiles<128>::partial_floats;
+    return s.segments * wgmma_blocks(r) * floats;
+  }
+
+  // Where the forward keeps its segment states for the backward's dq sweep: without the normalizer,
+  // dq's segment sums S^T = sum_t v_t^T phi(k_t) [V][K] are the transposes of the forward's
+  // S = sum_t phi(k_t)^T v_t [K][V] over the same tokens. At K = V = 128, where both run the
+  // 64-token wgmma sweep split into the same segments, the forward's state pass writes them
+  // transposed in dq's layout, and dq runs no pass 1 (~130 us at B1-T65536-H16-D128: k and v read
+  // once less). Floats, 0 where not kept. Shapes, options and device only (not the pointers).
+  int64_t forward_states_for_dq(bool recurrent) const {
+    if (p.normalize || p.head_dim_k != 128 || p.head_dim_v != 128 || !tensor_core_shape(p, recurrent, true) ||
+        !wgmma(false) || pairs(Role::kForward) || pairs(Role::kGradQ))
+      return 0;
+    const int forward = wgmma_segments(Role::kForward), dq = wgmma_segments(Role::kGradQ);
+    return forward > 1 && forward == dq ? forward * wgmma_blocks(Role::kGradQ) * WgmmaTiles<128>::partial_floats : 0;
+  }
+
+  // The saved buffer's layout: the same for the forward and its backward.
+  void saved_layout(ChunkPlan& plan, bool recurrent) const {
+    int64_t at = 0;
+    if (p.normalize && tensor_core_shape(p, recurrent, true)) {
+      plan.saved_den = at;
+      at += round256(p.batch * p.seqlen * p.num_heads * int64_t(sizeof(float)));
+    }
+    if (const int64_t floats = forward_states_for_dq(recurrent)) {
+      plan.saved_states = at;
+      at += round256(floats * int64_t(sizeof(float)));
+    }
+    plan.saved_bytes = at;
+  }
+
+  // phi(q), phi(k) of the feature pass at the workspace's end, from `at`.
+  void feature_rows(ChunkPlan& plan, int64_t at) const {
+    const int64_t elem = 2;  // bf16/fp16: the tensor-core dtypes
+    const int64_t rows = p.batch * p.seqlen * p.head_dim_k;
+    plan.phi_q = at;
+    plan.phi_k = at + round256(rows * p.num_heads * elem);
+    plan.workspace_bytes = plan.phi_k + round256(rows * p.num_kv_heads * elem);
+  }
+};
+
+Features features_of(const LinearAttnFwdParams& p, bool relu_in_sweep) {
+  if (p.feature_map == FeatureMap::kIdentity) return Features::kNone;
+  return p.feature_map == FeatureMap::kRelu && relu_in_sweep ? Features::kInSweep : Features::kPass;
+}
+
+}  // namespace
+
+ChunkPlan make_forward_plan(const LinearAttnFwdParams& p, bool recurrent, const DeviceInfo& device,
+                            const testing::PlanOverride& forced) {
+  const Rules rules{p, device, forced};
+  ChunkPlan plan;
+  rules.saved_layout(plan, recurrent);
+  plan.tensor_cores = tensor_core_shape(p, recurrent, false) && tensor_core_rows(p);
+  if (!plan.tensor_cores) {
+    const int64_t K = p.head_dim_k, BV = std::min<int64_t>(GenericTiles::value_columns, p.head_dim_v);
+    const int64_t acc = p.dtype == DType::kFloat64 ? 8 : 4;
+    int C = 1;
+    const int64_t requested = recurrent ? 1 : p.chunk_size > 0 ? p.chunk_size : GenericTiles::default_chunk;
+    while (C * 2 <= requested && C * 2 <= GenericTiles::default_chunk) C *= 2;
+    while (C > 1 && fwd_smem(K, C, BV).total() * acc > device.max_smem) C /= 2;
+    plan.generic_chunk = C;
+    return plan;
+  }
+  const bool wgmma = rules.wgmma(false);
+  plan.features = features_of(p, wgmma);
+  plan.forward = rules.sweep(Role::kForward, wgmma);
+  Sweep& f = plan.forward;
+  if (f.segments > 1) {
+    f.partials = Region{0, false};
+    f.first_pass = wgmma ? FirstPass::kStateKernel : FirstPass::kOwnKernel;
+    if (plan.saved_states >= 0 && p.saved != nullptr && f.kernel == SweepKernel::kWgmma) {
+      f.transposed_partials = Region{plan.saved_states, true};
+    }
+  }
+  const int64_t partials = round256(rules.partial_floats(Role::kForward, f) * int64_t(sizeof(float)));
+  plan.workspace_bytes = partials;
+  if (plan.features == Features::kPass) rules.feature_rows(plan, partials);
+  return plan;
+}
+
+ChunkPlan make_backward_plan(const LinearAttnBwdParams& p, bool recurrent, const DeviceInfo& device,
+                             const testing::PlanOverride& forced) {
+  const Rules rules{p, device, forced};
+  ChunkPlan plan;
+  rules.saved_layout(plan, recurrent);
+  const int64_t acc = p.dtype == DType::kFloat64 ? 8 : 4;
+  const int64_t token_scalars = round256(2 * p.batch * p.seqlen * p.num_heads * acc);  // w, dd (or den, dd)
+  plan.workspace_bytes = token_scalars;
+  plan.tensor_cores = tensor_core_shape(p, recurrent, true) && tensor_core_rows(p);
+  if (!plan.tensor_cores) {
+    const int64_t K = p.head_dim_k, V = p.head_dim_v;
+    const int64_t BK = std::min<int64_t>(GenericTiles::key_rows, K), BV = std::min<int64_t>(GenericTiles::value_columns, V);
+    int C = 1;
+    const int64_t requested = recurrent ? 1 : p.chunk_size > 0 ? p.chunk_size : GenericTiles::default_chunk;
+    while (C * 2 <= requested && C * 2 <= GenericTiles::default_chunk) C *= 2;
+    auto fits = [&](int64_t c) {
+      return dq_smem(K, V, c, BK) * acc <= device.max_smem && dk_smem(V, c, BK) * acc <= device.max_smem &&
+             dv_smem(K, c, BV) * acc <= device.max_smem;
+    };
+    while (C > 1 && !fits(C)) C /= 2;
+    plan.generic_chunk = C;
+    return plan;
+  }
+  const bool wgmma = rules.wgmma(true);
+  const int64_t K = p.head_dim_k, V = p.head_dim_v;
+  plan.out_rows_aligned16 = aligned16(p.out);
+  // relu in the sweeps, but for the fused dk + dv sweep at K = V = 64 with the normalizer: there it
+  // made ptxas load a spilled register in every step.
+  plan.features = features_of(p, wgmma && !(p.normalize && K == 64 && V == 64));
+
+  // dk and dv: one sweep, dv's pass 1 for both, or two sweeps.
+  GradKv grad_kv = GradKv::kSeparate;
+  const int fused128_segments = rules.segments(rules.kv_blocks(), WgmmaGradKvTiles::blocks_per_sm);
+  if (wgmma && !forced.separate_grad_kv && K == 64 && V == 64) {
+    grad_kv = GradKv::kFused64;
+  } else if (wgmma && !forced.separate_grad_kv && forced.pairing != testing::Pairing::kAlways && !p.normalize &&
+             K == 128 && V == 128 && fuses_grad_kv_128(fused128_segments)) {
+    grad_kv = GradKv::kFused128;
+  }
+  plan.dq = rules.sweep(Role::kGradQ, wgmma);
+  plan.dk = rules.sweep(Role::kGradK, wgmma);
+  plan.dv = rules.sweep(Role::kGradV, wgmma);
+  if (grad_kv == GradKv::kFused64) {
+    plan.dk.segments = rules.segments(rules.wgmma_blocks(Role::kGradK), WgmmaTiles<64, true>::blocks_per_sm);
+  } else if (grad_kv == GradKv::kFused128) {
+    plan.dv.segments = fused128_segments;
+  } else if (wgmma && !p.normalize && K == 128 && V == 128 && plan.dk.kernel == plan.dv.kernel &&
+             plan.dk.segments > 1 && plan.dk.segments == plan.dv.segments) {
+    // dk's and dv's states are transposes of each other without the normalizer: dv's pass 1 writes both
+    // (~130 us at B1-T65536-H16-D128: q and dout read once)
+    grad_kv = GradKv::kSharedFirstPass;
+  }
+  plan.grad_kv = grad_kv;
+
+  // Pass 1 of each sweep, and the workspace's partials: [dq][dk][dv], each 256-byte aligned.
+  const FirstPass split_pass = wgmma ? FirstPass::kStateKernel : FirstPass::kOwnKernel;
+  int64_t at = token_scalars;
+  auto place = [&](Sweep& s, int64_t floats) {
+    if (s.segments <= 1) return;
+    s.first_pass = split_pass;
+    s.partials = Region{at, false};
+    at += round256(floats * int64_t(sizeof(float)));
+  };
+  // What the forward wrote into saved: its plan, made from its own params (out is its o).
+  LinearAttnFwdParams forward_params = p;
+  forward_params.o = MutView{const_cast<void*>(p.out.data), p.out.stride_b, p.out.stride_t, p.out.stride_h};
+  const ChunkPlan forward = make_forward_plan(forward_params, recurrent, device, forced);
+  if (forward.forward.transposed_partials.offset >= 0 && plan.dq.kernel == SweepKernel::kWgmma &&
+      plan.dq.segments == forward.forward.segments) {
+    plan.dq.first_pass = FirstPass::kDone;  // the forward's segment states
+    plan.dq.partials = forward.forward.transposed_partials;
+  } else {
+    place(plan.dq, rules.partial_floats(Role::kGradQ, plan.dq));
+  }
+  switch (grad_kv) {
+    case GradKv::kFused64:
+      // its pass 1 on segment_state_kernel without the normalizer; with it the state kernel would have
+      // to weigh its Q tile by dd for dz, so the sweep's own kernel sums
+      place(plan.dk, rules.partial_floats(Role::kGradK, plan.dk));
+      if (plan.dk.segments > 1 && p.normalize) plan.dk.first_pass = FirstPass::kOwnKernel;
+      break;
+    case GradKv::kFused128:
+      // dv's state pass into dv's layout: two output tiles per (sequence, kv head)
+      place(plan.dv, plan.dv.segments * rules.wgmma_blocks(Role::kGradV) * WgmmaTiles<128>::partial_floats);
+      break;
+    case GradKv::kSharedFirstPass:
+      place(plan.dk, rules.partial_floats(Role::kGradK, plan.dk));
+      place(plan.dv, rules.partial_floats(Role::kGradV, plan.dv));
+      plan.dv.transposed_partials = plan.dk.partials;
+      plan.dk.first_pass = FirstPass::kDone;
+      break;
+    case GradKv::kSeparate:
+      place(plan.dk, rules.partial_floats(Role::kGradK, plan.dk));
+      place(plan.dv, rules.partial_floats(Role::kGradV, plan.dv));
+      break;
+  }
+  plan.workspace_bytes = at;
+  if (plan.features == Features::kPass) rules.feature_rows(plan, at);
+  return plan;
+}
+
+}  // namespace attnrnn::cuda

@@ -1,0 +1,389 @@
+// Chunkwise scans on tensor cores (mma.sync m16n8k16, bf16/fp16 operands, fp32 accumulators and
+// state). The forward and the three backward sweeps of causal linear attention are one kernel with
+// different operands ("roles"). Per chunk of 64 tokens, with a row operand A [64 x DI], a column
+// operand B [64 x DI], a value operand Cv [64 x NC] (one tile of NC output columns) and a state
+// S [DI x NC] kept in fp32 registers:
+//   scores  P  = mask(A B^T)        mask: s <= t on forward sweeps, s >= t on reverse sweeps
+//   output  O  = P Cv + A S         S enters as bf16 hi + lo parts (~16 mantissa bits)
+//   state   S += B^T Cv
+// With phi the feature map, s the scale, den_t = s (phi(q_t) . z_t) + eps (normalize) and
+// dO'' = w dout, w_t = s / den_t (s without normalize), dd_t = -s (dout_t . o_t) / den_t:
+//   role     A        B        Cv       sweep    output                    state   extra (normalize)
+//   forward  phi(q)   phi(k)   v        forward  o  = s O / den            S       z += colsum(B)
+//   den      phi(q)   phi(k)   -        forward  w, dd per (token, head)   -       z += colsum(B)
+//   dq       dO''     v        phi(k)   forward  dq = O phi'(q)            S^T     P += dd_t, O += dd_t z
+//   dk       v        dO''     phi(q)   reverse  dk = sum_h O phi'(k)      dS^T    P += dd_s, O += dz
+//   dv       phi(k)   phi(q)   dO''     reverse  dv = sum_h O              dS      -
+// (dq's z and dk's dz = dz_final + sum over later tokens of dd_s phi(q_s) live on the NC output
+// columns.) Nothing larger than two floats per (token, head) is stored between the sweeps.
+//
+// Work split: one block of 4 warps per (sequence, output tile, kv head). Warp w computes output
+// rows [16w, 16w+16) and owns state rows [w DI/4, (w+1) DI/4). Tiles of the next steps stream in
+// with cp.async while the current one is computed (NS stages). A step is one (chunk, query head)
+// pair; operands of the kv head are simply loaded again for each query head (GQA, served by L2).
+#pragma once
+
+#include "scan_roles.cuh"
+#include "scan_mma_steps.cuh"
+#include "../common/mma.cuh"
+
+namespace attnrnn::cuda {
+
+template <class T, ScanRole R, int DI>
+__global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
+    mma_scan_kernel(const ChunkArgs p, const SegmentSplit split, const ScanFeatures feat) {
+  using Info = RoleInfo<R>;
+  using L = MmaLayout<DI>;
+  constexpr int NS = L::NS, KT = DI / 64, C = kChunk, NC = L::NC, NT = NC / 8, NP = NC / 16;
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  T* st = reinterpret_cast<T*>(smem_bytes);
+  float* fl = reinterpret_cast<float*>(smem_bytes + int64_t(L::t_elems) * sizeof(T));
+  T* Sh = st + L::Sh;
+  T* Sl = st + L::Sl;
+  float* z = fl + L::z;
+
+  const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
+  // blockIdx.x = (n * segments + seg) * tiles + tile: the tiles of one (sequence, segment) are
+  // neighbours, so the q/k rows they all read come from L2 after the first.
+  const int tiles = tc_tiles<R, DI>(p), tile = blockIdx.x % tiles;
+  const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
+  const int seg = (blockIdx.x / tiles) % split.segments;
+  const int c0 = tile * NC;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, t2 = (lane & 3) * 2;
+  const int r0 = warp * 16;
+  const Seq seq = sequence(p, n);
+  const float scale = static_cast<float>(p.scale), eps = static_cast<float>(p.eps);
+  const int64_t state_row = n * Hkv + g;
+  float* ws_w = BwdWorkspace::den<float>(p);  // holds w_t = s / den_t on this path
+  float* ws_dd = ws_w == nullptr ? nullptr : BwdWorkspace::dd<float>(p);
+
+  // ---- initial state (registers) and z ---------------------------------------------------------
+  auto mat_index = [&](int d, int c) {
+    return Info::transposed ? (state_row * K + c0 + c) * V + d : (state_row * K + d) * V + c0 + c;
+  };
+  // Pass-1 partial of segment j of this block's (sequence, tile, kv head): S as [d][c], then z.
+  auto partial_at = [&](int j) { return split.partial_at(j, n, g, Hkv, tiles, tile, tc_partial_floats<DI>()); };
+  const int earlier = split.state_only ? 0 : seg;  // partials that precede this segment
+  // f(x, d, c) for every state element x = S[d][c] this thread holds.
+  float S[KT][NT][4];
+  auto for_each_state = [&](auto&& f) {
+#pragma unroll
+    for (int mi = 0; mi < KT; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          f(S[mi][ni][e], warp * (DI / 4) + mi * 16 + gr + (e >= 2 ? 8 : 0), ni * 8 + t2 + (e & 1));
+  };
+  {
+    const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
+    load_initial_state(for_each_state, !split.state_only ? S0 : nullptr, mat_index, partial_at,
+                       earlier, NC);
+  }
+  if (p.normalize) {
+    constexpr bool inner_z = R == ScanRole::kForward;
+    constexpr bool col_z = R == ScanRole::kGradQ || R == ScanRole::kGradK;
+    if constexpr (inner_z || col_z) {
+      const float* z0 = static_cast<const float*>(R == ScanRole::kGradK ? p.d_final_z : p.initial_z);
+      const int zc0 = inner_z ? 0 : c0, width = inner_z ? DI : NC;
+      for (int d = tid; d < width; d += kScanThreads) {
+        float x = (z0 != nullptr && !split.state_only) ? z0[state_row * K + zc0 + d] : 0.f;
+        for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * NC + d];
+        z[d] = x;
+      }
+    }
+  }
+
+  // S split into hi + lo parts, row-major [d][c], for the tensor-core product A S.
+  auto publish_state = [&]() {
+#pragma unroll
+    for (int mi = 0; mi < KT; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int d = warp * (DI / 4) + mi * 16 + gr + 8 * h, c = ni * 8 + t2;
+          const float x0 = S[mi][ni][2 * h], x1 = S[mi][ni][2 * h + 1];
+          const uint32_t hi = pack2<T>(x0, x1);
+          const float2 back = unpack2<T>(hi);
+          *reinterpret_cast<uint32_t*>(Sh + d * L::LC + c) = hi;
+          *reinterpret_cast<uint32_t*>(Sl + d * L::LC + c) = pack2<T>(x0 - back.x, x1 - back.y);
+        }
+  };
+  publish_state();
+
+  // ---- the step sequence: (chunk, query head) pairs in sweep order --------------------------------
+  const int nc = static_cast<int>((seq.len + C - 1) / C);
+  const int ci0 = min(nc, seg * split.seg_chunks), ci1 = min(nc, ci0 + split.seg_chunks);
+  const int steps = (ci1 - ci0) * static_cast<int>(G);
+  struct Step {
+    int64_t t0, h;
+    int cl;
+    bool first, last;
+  };
+  auto step_at = [&](int i) {
+    const int ci = ci0 + i / static_cast<int>(G), hi = i % static_cast<int>(G);
+    const int c = Info::reverse ? nc - 1 - ci : ci;
+    const int64_t off = int64_t(c) * C;
+    return Step{seq.t0 + off, g * G + hi, static_cast<int>(seq.len - off < C ? seq.len - off : C), hi == 0,
+                hi == G - 1};
+  };
+
+  // A thread copies the same column piece e of every (128 / pieces)-th row: one row address per tile.
+  auto load_tile = [&](T* dst, int ld, Operand src, int width, int col0, const Step& s) {
+    const ConstView& view = tc_view(p, feat, src);
+    const int pieces = width / 8, rows_per_pass = kScanThreads / pieces;
+    const int t_first = tid / pieces, e = (tid % pieces) * 8;
+    const T* from = row<T>(view, seq.b, s.t0 + t_first, per_query_head(src) ? s.h : g) + col0 + e;
+    const int64_t jump = rows_per_pass * view.stride_t;
+    const T* fallback = static_cast<const T*>(view.data);
+#pragma unroll
+    for (int t = t_first; t < C; t += rows_per_pass, from += jump)
+      cp_async16(dst + t * ld + e, t < s.cl ? from : fallback, t < s.cl);
+  };
+  auto issue = [&](int i) {
+    const Step s = step_at(i);
+    T* base = st + (i % NS) * L::stage;
+    if (!split.state_only) load_tile(base + L::A, L::LI, Info::a, DI, 0, s);
+    load_tile(base + L::B, L::LI, Info::b, DI, 0, s);
+    if constexpr (Info::c != Operand::kNone) load_tile(base + L::C, L::LC, Info::c, NC, c0, s);
+    if constexpr (R != ScanRole::kForward) {
+      if (p.normalize && tid < 2 * C) {
+        const int t = tid % C;
+        const bool valid = t < s.cl;
+        const int64_t idx = valid ? token_index(p, seq, s.t0 + t, s.h) : 0;
+        float* f = fl + (i % NS) * L::f_stage + (tid < C ? L::w : L::dd);
+        cp_async4(f + t, (tid < C ? ws_w : ws_dd) + idx, valid);
+      }
+    }
+  };
+
+  // den_t = s (A_t . z + rowsum P_t) + eps for the lane's row r (its 4 lanes split the dot product).
+  auto denominator = [&](const T* As, float rowsum, int r) {
+    const T* arow = As + (r0 + gr + 8 * r) * L::LI;
+    float acc = rowsum;
+    for (int d = t2; d < DI; d += 8) {
+      const float2 a2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(arow + d));
+      acc += a2.x * z[d] + a2.y * z[d + 1];
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    return scale * acc + eps;
+  };
+
+  for (int i = 0; i < NS - 1; ++i) {
+    if (i < steps) issue(i);
+    cp_async_commit();
+  }
+  float O[NT][4];
+  for (int i = 0; i < steps; ++i) {
+    if (i + NS - 1 < steps) issue(i + NS - 1);
+    cp_async_commit();
+    cp_async_wait<NS - 1>();
+    __syncthreads();  // step i has landed for every thread
+
+    const Step s = step_at(i);
+    T* As = st + (i % NS) * L::stage + L::A;
+    T* Bs = st + (i % NS) * L::stage + L::B;
+    T* Cs = st + (i % NS) * L::stage + L::C;
+    const float* w_s = fl + (i % NS) * L::f_stage + L::w;
+    const float* dd_s = fl + (i % NS) * L::f_stage + L::dd;
+    bool changed = !split.state_only && tc_transform_tile<T>(As, L::LI, Info::a, DI, s.cl, w_s, p, feat, scale, tid);
+    changed |= tc_transform_tile<T>(Bs, L::LI, Info::b, DI, s.cl, w_s, p, feat, scale, tid);
+    if constexpr (Info::c != Operand::kNone)
+      changed |= tc_transform_tile<T>(Cs, L::LC, Info::c, NC, s.cl, w_s, p, feat, scale, tid);
+    if (changed) __syncthreads();
+
+    // ---- outputs of the step (pass 1 of a split scan only moves the state) ------------------------
+    auto needed = [&](int blk) { return Info::reverse ? blk >= warp : blk <= warp; };
+    if (!split.state_only) {
+      // ---- scores P = mask(A B^T) of rows [r0, r0+16); 16-column blocks past the diagonal skipped ----
+      float P[8][4];
+#pragma unroll
+      for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) P[ni][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < DI; kk += 16) {
+        uint32_t a[4];
+        load_a(a, As, L::LI, r0, kk, lane);
+#pragma unroll
+        for (int pr = 0; pr < 4; ++pr) {
+          if (!needed(pr)) continue;
+          uint32_t b[4];
+          load_b_nk(b, Bs, L::LI, 16 * pr, kk, lane);
+          mma16816<T>(P[2 * pr], a, b[0], b[1]);
+          mma16816<T>(P[2 * pr + 1], a, b[2], b[3]);
+        }
+      }
+      // Only the diagonal 16 x 16 block (n-tiles 2 warp, 2 warp + 1) is cut by the mask; the
+      // blocks on its far side were skipped above and stay 0.
+      constexpr bool extra_row = R == ScanRole::kGradQ, extra_col = R == ScanRole::kGradK;
+      const bool with_dd = (extra_row || extra_col) && p.normalize;
+#pragma unroll
+      for (int ni = 0; ni < 8; ++ni) {
+        const bool diagonal = (ni >> 1) == warp;
+        if (!diagonal && !(with_dd && needed(ni >> 1))) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = r0 + gr + (e >= 2 ? 8 : 0), sc = ni * 8 + t2 + (e & 1);
+          float x = P[ni][e];
+          if (with_dd) x += extra_row ? dd_s[t] : dd_s[sc];
+          P[ni][e] = (!diagonal || (Info::reverse ? sc >= t : sc <= t)) ? x : 0.f;
+        }
+      }
+      float rowsum[2] = {0.f, 0.f};
+      if (R == ScanRole::kForward && p.normalize) {
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) rowsum[e >> 1] += P[ni][e];
+      }
+
+      if (!Info::group_sum || s.first) {
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) O[ni][e] = 0.f;
+      }
+
+      // ---- O += A S (once per chunk for group sums: A is the kv head's) and the z terms -----------
+      if (!Info::group_sum || s.first) {
+#pragma unroll
+        for (int kk = 0; kk < DI; kk += 16) {
+          uint32_t a[4];
+          load_a(a, As, L::LI, r0, kk, lane);
+#pragma unroll
+          for (int part = 0; part < 2; ++part)  // hi, then lo: NT accumulators apart
+#pragma unroll
+            for (int pr = 0; pr < NP; ++pr) {
+              uint32_t b[4];
+              load_b_kn(b, part == 0 ? Sh : Sl, L::LC, 16 * pr, kk, lane);
+              mma16816<T>(O[2 * pr], a, b[0], b[1]);
+              mma16816<T>(O[2 * pr + 1], a, b[2], b[3]);
+            }
+        }
+        if constexpr (R == ScanRole::kGradQ || R == ScanRole::kGradK) {
+          if (p.normalize) {
+#pragma unroll
+            for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int t = r0 + gr + (e >= 2 ? 8 : 0), c = ni * 8 + t2 + (e & 1);
+                O[ni][e] += (R == ScanRole::kGradQ ? dd_s[t] : 1.f) * z[c];
+              }
+          }
+        }
+      }
+      // ---- O += P Cv: P re-packed as A fragments, 16 key rows at a time ----------------------------
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (!needed(j)) continue;
+        uint32_t a[4];
+        c_to_a<T>(a, P[2 * j], P[2 * j + 1]);
+#pragma unroll
+        for (int pr = 0; pr < NP; ++pr) {
+          uint32_t b[4];
+          load_b_kn(b, Cs, L::LC, 16 * pr, 16 * j, lane);
+          mma16816<T>(O[2 * pr], a, b[0], b[1]);
+          mma16816<T>(O[2 * pr + 1], a, b[2], b[3]);
+        }
+      }
+
+      // ---- epilogue: one output per query head, or the group sum after its last head ---------------
+      if (!Info::group_sum || s.last) {
+        float inv[2] = {scale, scale};
+        if constexpr (R == ScanRole::kForward) {
+          if (p.normalize) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) inv[r] = scale / denominator(As, rowsum[r], r);
+            if (p.den_out != nullptr && tile == 0) store_den(p, seq, s.t0 + r0 + gr, s.h, s.cl - r0 - gr, inv, lane);
+          }
+        }
+        const MutView& out = R == ScanRole::kForward ? p.o : R == ScanRole::kGradQ ? p.dq : R == ScanRole::kGradK ? p.dk : p.dv;
+        const int64_t out_head = Info::group_sum ? g : s.h;
+        const bool dphi_of = (R == ScanRole::kGradQ || R == ScanRole::kGradK) && p.feature_map != FeatureMap::kIdentity;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int t = r0 + gr + 8 * r;
+          if (t >= s.cl) continue;
+          T* orow = row<T>(out, seq.b, s.t0 + t, out_head) + c0;
+          // phi' of the row's phi(x) elements (dphi_rows), all loaded before its first store (as
+          // in wg_write_rows: a load behind each store cost a memory latency per element pair)
+          uint32_t raw2[NT];
+          if (dphi_of) {
+            const ConstView phi_rows = R == ScanRole::kGradQ ? dphi_rows(feat.q, p.q) : dphi_rows(feat.k, p.k);
+            const T* raw = row<T>(phi_rows, seq.b, s.t0 + t, out_head) + c0;
+#pragma unroll
+            for (int ni = 0; ni < NT; ++ni) raw2[ni] = *reinterpret_cast<const uint32_t*>(raw + ni * 8 + t2);
+          }
+#pragma unroll
+          for (int ni = 0; ni < NT; ++ni) {
+            float x0 = O[ni][2 * r], x1 = O[ni][2 * r + 1];
+            if constexpr (R == ScanRole::kForward) {
+              x0 *= inv[r];
+              x1 *= inv[r];
+            }
+            if (dphi_of) {
+              const float2 q2 = unpack2<T>(raw2[ni]);
+              x0 *= dphi_of_phi(p.feature_map, q2.x);
+              x1 *= dphi_of_phi(p.feature_map, q2.y);
+            }
+            *reinterpret_cast<uint32_t*>(orow + ni * 8 + t2) = pack2<T>(x0, x1);
+          }
+        }
+      }
+    }
+
+    // ---- state update S += B^T Cv (every head for group sums, else once per chunk) ---------------
+    const bool update = Info::group_sum || s.last;
+    if (update) {
+#pragma unroll
+      for (int mi = 0; mi < KT; ++mi) {
+        const int m0 = warp * (DI / 4) + mi * 16;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t a[4];
+          load_a_trans(a, Bs, L::LI, m0, 16 * j, lane);
+#pragma unroll
+          for (int pr = 0; pr < NP; ++pr) {
+            uint32_t b[4];
+            load_b_kn(b, Cs, L::LC, 16 * pr, 16 * j, lane);
+            mma16816<T>(S[mi][2 * pr], a, b[0], b[1]);
+            mma16816<T>(S[mi][2 * pr + 1], a, b[2], b[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done reading Sh/Sl and z of this step
+    if (update) {
+      if (p.normalize) tc_add_column_sums<T, R, DI>(z, Bs, Cs, dd_s, tid);
+      if (!split.state_only) publish_state();
+    }
+    __syncthreads();  // stage i may be overwritten; z and the state copy are published
+  }
+  cp_async_wait<0>();
+
+  // ---- pass 1: this segment's partial; otherwise the final state, from the last segment -----------
+  if (split.state_only) {
+    float* part = partial_at(seg);
+    for_each_state([&](float& x, int d, int c) { part[d * NC + c] = x; });
+    for (int d = tid; d < (DI > NC ? DI : NC); d += kScanThreads) part[DI * NC + d] = p.normalize ? z[d] : 0.f;
+    return;
+  }
+  if (seg != split.segments - 1) return;
+  if constexpr (R == ScanRole::kForward || R == ScanRole::kGradV) {
+    float* out = static_cast<float*>(R == ScanRole::kForward ? p.final_S : p.d_initial_S);
+    if (out != nullptr) for_each_state([&](float& x, int d, int c) { out[mat_index(d, c)] = x; });
+  }
+  if constexpr (R == ScanRole::kForward) {
+    if (p.final_z != nullptr && tile == 0)
+      for (int d = tid; d < DI; d += kScanThreads) static_cast<float*>(p.final_z)[state_row * K + d] = z[d];
+  }
+  if constexpr (R == ScanRole::kGradK) {
+    if (p.d_initial_z != nullptr)
+      for (int c = tid; c < NC; c += kScanThreads) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + c] = z[c];
+  }
+}
+
+}  // namespace attnrnn::cuda

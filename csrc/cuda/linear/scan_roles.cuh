@@ -1,0 +1,158 @@
+// What the tensor-core chunk scans (scan_mma.cuh, scan_wgmma.cuh, scan_wgmma_pair.cuh) share: the
+// operands of each role, the mma.sync scan's shared-memory layout, how phi reaches the sweeps, and
+// the segment split of the two-pass scan.
+#pragma once
+
+#include "args.cuh"
+#include "tiles.h"
+
+namespace attnrnn::cuda {
+
+// kGradKV: dk and dv in one reverse sweep (scan_wgmma.cuh only; its state is dv's, dk reads it
+// transposed)
+enum class ScanRole : int { kForward, kGradQ, kGradK, kGradV, kGradKV };
+enum class Operand : int { kQ, kK, kV, kDout, kNone };
+
+// normalize as a wgmma kernel sees it: false in the sweeps compiled without the normalizer
+// (WithNormalizer: forward.cuh and backward.cuh launch one of each); read from p at each use,
+// since as one register it would stay live through the steps.
+template <bool WithNormalizer>
+__device__ __forceinline__ bool normalizes(const ChunkArgs& p) {
+  return WithNormalizer && p.normalize;
+}
+
+template <ScanRole R>
+struct RoleInfo {
+  static constexpr bool dv_like = R == ScanRole::kGradV || R == ScanRole::kGradKV;  // A = K, B = Q, Cv = dout
+  static constexpr Operand a = R == ScanRole::kGradQ ? Operand::kDout : R == ScanRole::kGradK ? Operand::kV
+                             : dv_like ? Operand::kK : Operand::kQ;
+  static constexpr Operand b = R == ScanRole::kGradQ ? Operand::kV : R == ScanRole::kGradK ? Operand::kDout
+                             : dv_like ? Operand::kQ : Operand::kK;
+  static constexpr Operand c = R == ScanRole::kForward ? Operand::kV : R == ScanRole::kGradQ ? Operand::kK
+                             : R == ScanRole::kGradK ? Operand::kQ : dv_like ? Operand::kDout : Operand::kNone;
+  static constexpr bool reverse = R == ScanRole::kGradK || dv_like;
+  // Transposed roles hold S^T / dS^T: state element (d, c) is matrix element (c, d) of [K][V].
+  static constexpr bool transposed = R == ScanRole::kGradQ || R == ScanRole::kGradK;
+  // dk and dv sum over the query heads of a group; the others write one output per query head.
+  static constexpr bool group_sum = reverse;
+};
+
+// Shared memory of one block (element offsets into the T region, then floats).
+template <int DI>
+struct MmaLayout {
+  static constexpr int NS = MmaTiles<DI>::stages;             // pipeline stages
+  static constexpr int min_blocks = MmaTiles<DI>::blocks_per_sm;
+  static constexpr int NC = MmaTiles<DI>::columns;            // output columns per block
+  static constexpr int LI = DI + 8, LC = NC + 8;          // row strides; +8 keeps ldmatrix conflict free
+  static constexpr int A = 0;                         // [64][LI]  row operand
+  static constexpr int B = A + kChunk * LI;         // [64][LI]  column operand
+  static constexpr int C = B + kChunk * LI;         // [64][LC]  value operand
+  static constexpr int stage = C + kChunk * LC;     // one pipeline stage (T elements)
+  static constexpr int Sh = NS * stage;               // [DI][LC]  state hi
+  static constexpr int Sl = Sh + DI * LC;             // [DI][LC]  state lo
+  static constexpr int t_elems = Sl + DI * LC;
+  // floats after the T region: per stage w[64], dd[64]; then z[max(DI, 64)]
+  static constexpr int w = 0, dd = kChunk, f_stage = 2 * kChunk, z = NS * f_stage;
+  static constexpr int f_elems = z + (DI > NC ? DI : NC);
+  static constexpr int64_t bytes(int t_size) { return int64_t(t_elems) * t_size + int64_t(f_elems) * 4; }
+};
+
+// A feature map's phi(q) and phi(k), in one of two ways (neither with the identity map):
+// - q, k: computed once per call into the workspace (views with null data otherwise) and read by the
+//   sweeps as their q and k. chunk_tc's own transform of each staged tile (tc_transform_tile, a pass
+//   over shared memory between two barriers, in every column tile's block) made it 2.4-3.8x slower
+//   than the identity map (H200, bf16, B1 T65536 H16 D128 forward: identity 1.45 ms, relu 3.47, elu1
+//   5.44 on randn inputs), where the separate pass reads and writes q and k once.
+// - relu_in_sweep: with relu, the wgmma sweeps read raw q and k and apply it in place to the pieces
+//   of their tiles that each thread copied itself, after its cp.async wait and before the step's one
+//   barrier (wg_relu_rows): no pass over the tensors and no barrier of its own. elu1 keeps the pass:
+//   its exp there, on the step's chain, made the sweeps slower than the pass (launch_plan.cuh).
+//   chunk_tc still transforms its tiles itself (q.data null).
+struct ScanFeatures {
+  ConstView q, k;
+  bool relu_in_sweep = false;
+};
+
+// The rows the backward's epilogues take phi' from (wg_write_rows, chunk_tc's): phi(x) where the
+// feature pass wrote it or the backward was given it (phi_given), which a feature map other than
+// relu in the wgmma sweeps always has there, else the raw input x (relu applied in the sweeps, whose
+// phi' reads alike from either).
+__device__ __forceinline__ ConstView dphi_rows(const ConstView phi, const ConstView raw) {
+  return phi.data != nullptr ? phi : raw;
+}
+
+// Whether a wgmma sweep applies relu to its tiles of source s itself.
+__device__ __forceinline__ bool relu_in_sweep(const ScanFeatures& f, Operand s) {
+  return (s == Operand::kQ || s == Operand::kK) && f.relu_in_sweep;
+}
+
+// By value: a reference into the kernel parameters would make the compiler copy them to memory.
+__device__ __forceinline__ ConstView tc_view(const ChunkArgs& p, const ScanFeatures& f, Operand s) {
+  if (s == Operand::kQ) return f.q.data != nullptr ? f.q : p.q;
+  if (s == Operand::kK) return f.k.data != nullptr ? f.k : p.k;
+  return s == Operand::kV ? p.v : p.dout;
+}
+__device__ __forceinline__ bool per_query_head(Operand s) { return s == Operand::kQ || s == Operand::kDout; }
+
+// Two-pass scan over segments of the sequences, for shapes whose (sequence, tile, kv head) blocks do
+// not fill the GPU: pass 1 (state_only) sums each segment's change of the state (and z) into
+// `partial`; pass 2 starts every segment from the initial state plus the partials of the segments
+// before it in sweep order. segments == 1 is the plain one-pass sweep.
+struct SegmentSplit {
+  int segments = 1;
+  int seg_chunks = 1 << 30;  // chunks per segment, in sweep order
+  bool state_only = false;
+  float* partial = nullptr;  // [segments][N][Hkv][tiles][tc_partial_floats] (chunk_wg: WgmmaLayout's)
+  // dv's pass 1 on segment_state_kernel (unnormalized, K = V = 128) also writes its states
+  // transposed here, in the same layout: dk's partials, whose own pass 1 is then skipped
+  // (launch_chunk_bwd_tc, shared_dkv_state_pass). The forward's writes dq's for the backward
+  // (params.segment_states_out, fwd_states_for_dq_floats).
+  float* partial_t = nullptr;
+
+  // Segment j's partial of the block of sequence n, kv head g and output tile `tile` of `tiles`, in
+  // launch_sweep's grid (sequences x segments x tiles, kv heads): where pass 1 writes it and pass 2
+  // reads it. partial_in: the same place in another buffer of this layout (partial_t).
+  __device__ __forceinline__ float* partial_in(float* base, int j, int64_t n, int64_t g, int64_t Hkv, int tiles,
+                                               int tile, int64_t floats) const {
+    const int64_t N = gridDim.x / tiles / segments;
+    return base + (((int64_t(j) * N + n) * Hkv + g) * tiles + tile) * floats;
+  }
+  __device__ __forceinline__ float* partial_at(int j, int64_t n, int64_t g, int64_t Hkv, int tiles, int tile,
+                                               int64_t floats) const {
+    return partial_in(partial, j, n, g, Hkv, tiles, tile, floats);
+  }
+};
+
+// Output column tiles of a sweep of the mma.sync scan.
+template <ScanRole R, int DI>
+__host__ __device__ inline int tc_tiles(const LinearAttnFwdParams& p) {
+  const int64_t out = R == ScanRole::kGradQ || R == ScanRole::kGradK ? p.head_dim_k : p.head_dim_v;
+  return static_cast<int>(out / MmaLayout<DI>::NC);
+}
+
+template <int DI>
+constexpr int64_t tc_partial_floats() {
+  return MmaTiles<DI>::partial_floats;
+}
+
+// The state a sweep block starts from: S0 (or zeros; S0 is null in pass 1 of a split), plus the pass-1
+// partials of the segments before this one ([d][c] rows of `cols` floats). for_each_state(f) calls
+// f(x, d, c) on each state element the thread holds, unrolled; the loop over segments stays outside
+// it: a runtime loop inside every unrolled element spread the prologue over ~200 KB of code, and its
+// instruction-cache misses cost the 64-token forward ~5% (ncu's no_inst stalls, docs/gpu_runs.md).
+template <class ForEachState, class MatIndex, class PartialAt>
+__device__ __forceinline__ void load_initial_state(const ForEachState& for_each_state, const float* S0,
+                                                   const MatIndex& mat_index, const PartialAt& partial_at,
+                                                   int earlier, int cols) {
+  if (S0 != nullptr) {
+    for_each_state([&](float& x, int d, int c) { x = S0[mat_index(d, c)]; });
+  } else {
+    for_each_state([](float& x, int, int) { x = 0.f; });
+  }
+  for (int j = 0; j < earlier; ++j) {
+    const float* part = partial_at(j);
+    for_each_state([&](float& x, int d, int c) { x += part[d * cols + c]; });
+  }
+}
+
+}  // namespace attnrnn::cuda

@@ -1,0 +1,105 @@
+// The tile table of the linear-attention chunk kernels, and the shape rules the plan (plan.cu)
+// applies with it: every size a kernel is built with and every rule that picks a kernel or a split,
+// each with the measurement that chose it (kernel times of one call on an H200, bf16, unless named).
+// A new head dim or dtype is a new entry here and a template argument of the kernels.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace attnrnn::cuda {
+
+// ---- every tensor-core scan ------------------------------------------------------------------------
+// 64 tokens per chunk: the masked intra-chunk product P = mask(A B^T) is one m64 wgmma (four m16
+// mma.sync row blocks); one warpgroup per block.
+constexpr int kChunk = 64;
+constexpr int kScanThreads = 128;
+
+// mma.sync scan (scan_mma.cuh), inner dim DI, the state slice [DI][columns] in fp32 registers:
+// - 32 columns at DI = 128 halve the state and output registers (~250 -> ~170), so 2 blocks fit per
+//   SM: forward at B4-T8192-H16-D128 677 -> 562 us;
+// - 3 blocks per SM at DI = 64 (73 KB, <= 168 registers), 2 at 128: ncu finds the scan latency bound
+//   (stall_wait on the mma chains 31-45%), and more resident warps hide it;
+// - 2 cp.async stages: 3 cost the third block per SM.
+template <int DI>
+struct MmaTiles {
+  static constexpr int columns = DI == 128 ? 32 : 64;
+  static constexpr int blocks_per_sm = DI == 64 ? 3 : 2;
+  static constexpr int stages = 2;
+  // a block's pass-1 partial: S [DI][columns], then z on max(DI, columns)
+  static constexpr int64_t partial_floats = DI * columns + (DI > columns ? DI : columns);
+};
+
+// wgmma scan on 64-token chunks (scan_wgmma.cuh), inner dim DI:
+// - 64 output columns: the products are m64n64, and q and k are read once per 64 columns;
+// - 3 blocks per SM at DI = 64 (65 KiB, <= 170 registers), 2 at DI = 128 (113 KiB, no slack: one
+//   more KiB would leave one block) and for the fused dk + dv sweep at K = V = 64 (81 KiB);
+// - 2 cp.async stages: the prototype measured 2, 3 and 4 equal.
+template <int DI, bool kGradKv = false>
+struct WgmmaTiles {
+  static constexpr int columns = 64;
+  static constexpr int blocks_per_sm = DI == 64 && !kGradKv ? 3 : 2;
+  static constexpr int stages = 2;
+  // a block's pass-1 partial: S [DI][64], then z on max(DI, 64); the pair and fused sweeps' too
+  static constexpr int64_t partial_floats = DI * 64 + (DI > 64 ? DI : 64);
+};
+
+// wgmma scan on 128-token chunks with two warpgroups (scan_wgmma_pair.cuh), inner dim 128: half the
+// steps for ~1.3x the products per step; one block (195.5 KiB) per SM.
+struct WgmmaPairTiles {
+  static constexpr int chunk = 128, threads = 256, blocks_per_sm = 1;
+};
+
+// dk and dv in one sweep at K = V = 128 (grad_kv_wgmma.cuh): two warpgroups hold all of dS; one block
+// (208 KiB) per SM.
+struct WgmmaGradKvTiles {
+  static constexpr int threads = 256, blocks_per_sm = 1;
+};
+
+// The generic CUDA-core kernels (generic_forward.cuh, generic_backward.cuh): 256 threads; 64 value
+// columns and 32 key rows per block keep them busy for K, V >= 64; the chunk is the largest power of
+// two <= the requested one (64 by default) whose tiles fit in shared memory (32 at K = 256 in fp32).
+struct GenericTiles {
+  static constexpr int threads = 256, value_columns = 64, key_rows = 32, default_chunk = 64;
+};
+
+// ---- shape rules ----------------------------------------------------------------------------------
+// The segment split of a tensor-core sweep of `blocks` (sequence, output tile, kv head) blocks, of
+// which `per_sm` fit on an SM: pass 1 sums each segment's state change, pass 2 runs every segment
+// from the sums before it. Pass 1 re-reads two operands, so it pays only where few blocks run: a
+// split only where the blocks fill at most half the SMs (mma.sync forward at B1-T65536-H16-D128
+// 2978 -> 1445 us; at B8-T2048-H16-D64, above the rule, 119 -> 152). Then as many segments as fill
+// every block slot once, with at least 16 chunks each: on wgmma, forced 2 to 6 segments were slower
+// at every shape, and at B1-T65536 the rule's 8 (641 us) beat 4 or 6 (783-791). `forced` > 0
+// replaces the slot count (testing::PlanOverride).
+inline int split_segments(int64_t blocks, int per_sm, int64_t seqlen, int sm_count, int forced) {
+  const int64_t slots = int64_t(sm_count) * per_sm;
+  const int64_t chunks = (seqlen + kChunk - 1) / kChunk;
+  const bool few = 2 * blocks <= sm_count;
+  int64_t want = forced > 0 ? forced : (few ? slots / std::max<int64_t>(blocks, 1) : 1);
+  want = std::min<int64_t>(want, std::max<int64_t>(1, chunks / 16));
+  const int64_t seg_chunks = (chunks + want - 1) / std::max<int64_t>(want, 1);
+  return static_cast<int>(seg_chunks > 0 ? (chunks + seg_chunks - 1) / seg_chunks : 1);
+}
+
+// Whether a wgmma sweep with inner dim 128 runs on 128-token chunks (WgmmaPairTiles) rather than 64:
+// where the 64-token sweep would run one wave of one warpgroup per SM without a split. There (B3-T16384
+// and B4-T8192, H16, D128: 96 and 128 blocks) the pair takes 18-24% less time; at 32-64 blocks (split,
+// two 64-token blocks per SM) and at 192-512 blocks 6-16% more. The normalized bf16 forward pairs
+// inside a split too: its normalizer costs the 64-token kernel ~145 us at B1-T65536-H16-D128 and the
+// pair's ~60 (an m64n8 wgmma), so the pair takes 796 -> 719 us there, 775 -> 708 at B2-T32768-H16 and
+// 835 -> 725 at B1-T131072-H8. Unnormalized it stays on the rule (paired 651 -> 658, 628 -> 652,
+// 688 -> 659 us), and so does fp16, whose pair forward takes a . z in fp32 FMAs (845 -> 843 and
+// 826 -> 839 us with normalize).
+inline bool pairs_sweep(bool forward, bool normalize, bool bf16, int64_t blocks, int segments_64, int sm_count) {
+  const bool one_wave = blocks <= sm_count;
+  if (forward && normalize && bf16) return one_wave;
+  return one_wave && segments_64 == 1;
+}
+
+// dk and dv at K = V = 128 without the normalizer as one sweep of two warpgroups (WgmmaGradKvTiles)
+// that reads q, k, v and dout once for both (six tensors of traffic for eight): where its (sequence,
+// kv head) blocks split, i.e. fill at most half the SMs.
+inline bool fuses_grad_kv_128(int segments) { return segments > 1; }
+
+}  // namespace attnrnn::cuda
