@@ -114,7 +114,7 @@ def main():
             ids = torch.randint(0, 256, (1, L), device=dev)
             row = dict(layers=N, length=L)
             # KV cache: prefill L - 1 tokens, then time steps at cache length L - 1.
-            kv = KVCacheDecoder(model, batch=1, max_len=L + 16)
+            kv = KVCacheDecoder(model, batch=1, max_len=min(L + 16, model.max_len))
             kv.prefill(ids[:, :L - 1])
             lens0 = kv.lens.clone()
 

@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 
 #include <optional>
@@ -63,6 +64,17 @@ inline void check_unit_last_stride(const at::Tensor& t, const char* op, const ch
 inline void check_exact_shape(const at::Tensor& t, at::IntArrayRef expected, const char* op, const char* name) {
   TORCH_CHECK_VALUE(t.sizes() == expected, op, ": ", name, " must have shape ", expected, ", got ",
                     t.sizes());
+}
+
+// An argument an op updates in place (`written`) must not share memory with another argument: the
+// result would depend on the order of the writes and reads. Overlap ATen cannot decide (strided
+// views of one buffer that are not dense) passes, as in ATen's own in-place ops.
+inline void check_no_overlap(const at::Tensor& written, const char* written_name, const at::Tensor& other,
+                             const char* other_name, const char* op) {
+  const at::MemOverlapStatus status = at::get_overlap_status(written, other);
+  TORCH_CHECK_VALUE(status != at::MemOverlapStatus::Full && status != at::MemOverlapStatus::Partial, op, ": ",
+                    written_name, " and ", other_name, " must not share memory (", written_name,
+                    " is updated in place)");
 }
 
 inline ConstView const_view(const at::Tensor& t) {

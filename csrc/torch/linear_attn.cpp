@@ -10,6 +10,7 @@
 #include <cmath>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "attnrnn/attnrnn.h"
 #include "attnrnn/torch.h"
@@ -325,6 +326,14 @@ at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, a
     TORCH_CHECK_VALUE(P >= B, op, ": state.S must have at least B = ", B,
                       " rows without state_indices, got ", P);
   }
+  // The state is updated in place: no other argument may share its memory.
+  std::vector<std::pair<const at::Tensor*, const char*>> read{{&q, "q"}, {&k, "k"}, {&v, "v"}};
+  if (state_indices.has_value()) read.emplace_back(&*state_indices, "state_indices");
+  for (const auto& [t, name] : read) {
+    check_no_overlap(S, "state.S", *t, name, op);
+    if (normalize) check_no_overlap(*z, "state.z", *t, name, op);
+  }
+  if (normalize) check_no_overlap(*z, "state.z", S, "state.S", op);
 
   set_device(p, q);
   const c10::DeviceGuard guard(q.device());

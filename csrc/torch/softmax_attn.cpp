@@ -185,10 +185,15 @@ at::Tensor softmax_attn_step(const at::Tensor& q, at::Tensor& k_cache, at::Tenso
     }
     // The append writes one row per batch entry: rows that share memory (an expand()ed cache)
     // would take each other's writes.
-    for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&k_cache, "k_cache"}, {&v_cache, "v_cache"}})
+    for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&k_cache, "k_cache"}, {&v_cache, "v_cache"}}) {
       TORCH_CHECK_VALUE(at::has_internal_overlap(*t) != at::MemOverlap::Yes, op, ": ", name,
                         " must not have elements that share memory (strides ", t->strides(),
                         ") when k_new and v_new are appended to it");
+      for (auto [other, other_name] : {std::pair<const at::Tensor*, const char*>{&q, "q"}, {&*k_new, "k_new"},
+                                       {&*v_new, "v_new"}, {&cache_seqlens, "cache_seqlens"}})
+        check_no_overlap(*t, name, *other, other_name, op);
+    }
+    check_no_overlap(v_cache, "v_cache", k_cache, "k_cache", op);
   }
   const at::Tensor lens = cache_seqlens.contiguous();
   set_device(p, q);

@@ -1,7 +1,12 @@
-"""Argument helpers shared by the public functions."""
+"""Argument helpers shared by the public functions, layers and models: an option of the wrong type
+raises TypeError, one of the right type but out of range ValueError, each naming the argument."""
+import math
 import numbers
 
 import torch
+
+#: The largest head dimension (K of q and k, V of v) the linear-attention kernels take.
+MAX_HEAD_DIM = 256
 
 
 def check_tensor(x, name):
@@ -23,13 +28,47 @@ def as_real(x, name):
     return float(x)
 
 
+def as_finite(x, name, minimum=None):
+    """A finite real option (>= minimum when given) as float."""
+    value = as_real(x, name)
+    if not math.isfinite(value) or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" and >= {minimum}"
+        raise ValueError(f"{name} must be finite{bound}, got {x!r}")
+    return value
+
+
+def as_scale(scale, name="scale"):
+    """The scale option of a layer or function: None (the default for the head dim) or a finite real."""
+    return None if scale is None else as_finite(scale, name)
+
+
 def as_flag(x, name):
-    """A boolean option: a string ('False' would be true) raises instead, naming it."""
+    """A boolean option: True or False (a NumPy bool too). Anything else raises TypeError naming it:
+    None or the string 'False' would otherwise read as a truth value."""
     if x is True or x is False:
         return x
-    if isinstance(x, str):
-        raise TypeError(f"{name} must be a bool, got str {x!r}")
-    return bool(x)
+    if type(x).__module__ == "numpy" and type(x).__name__ in ("bool_", "bool"):
+        return bool(x)
+    raise TypeError(f"{name} must be a bool, got {type(x).__name__} {x!r}")
+
+
+def as_int(x, name, minimum, maximum=None, allow_none=False):
+    """An integer option in [minimum, maximum] (None too when allow_none); bools are not ints."""
+    if x is None and allow_none:
+        return None
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        none = " or None" if allow_none else ""
+        raise TypeError(f"{name} must be an int{none}, got {type(x).__name__} {x!r}")
+    x = int(x)
+    if x < minimum or (maximum is not None and x > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be an int {bound}, got {x}")
+    return x
+
+
+def as_head_dim(x, name):
+    """A head dimension of the linear-attention kernels: an int in [1, MAX_HEAD_DIM]."""
+    return as_int(x, name, 1, MAX_HEAD_DIM)
 
 
 def resolve_scale(scale, head_dim):
@@ -44,3 +83,14 @@ def scale_of(scale, x):
     if type(scale) is float:  # the common call
         return scale
     return resolve_scale(scale, last_dim(x))
+
+
+def check_feature_map_output(fx, x, name):
+    """The result fx of a callable feature map applied to x (``name``, e.g. 'feature_map(q)'): a
+    tensor with x's leading dimensions and unit stride in its last one, as the kernels read it."""
+    check_tensor(fx, name)
+    if fx.dim() != x.dim() or fx.shape[:-1] != x.shape[:-1]:
+        raise ValueError(f"{name} must keep the leading dimensions {list(x.shape[:-1])} of its input, got shape "
+                         f"{list(fx.shape)}")
+    if fx.numel() and fx.shape[-1] > 1 and fx.stride(-1) != 1:
+        raise ValueError(f"{name} must have unit stride in its last dimension, got strides {list(fx.stride())}")

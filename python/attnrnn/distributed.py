@@ -49,6 +49,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from ._args import MAX_HEAD_DIM, as_finite, as_flag, as_scale, check_feature_map_output
 from ._args import resolve_scale as _scale
 from .linear_attn import FEATURE_MAPS, FeatureMapArg, LinearAttnState, StateArg, chunk_linear_attn
 from .reference import apply_feature_map
@@ -59,7 +60,9 @@ SCHEMES = ("allgather", "chain")
 COMBINES = ("local", "initial_state")
 _DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
-# Fields of the per-rank description exchanged by the validation all-gather (int64 each).
+# Fields of the per-rank description exchanged by the validation all-gather (int64 each). "error":
+# 0, or one of _ERRORS: what stopped the rank before the state exchange.
+_INVALID_ARGUMENTS, _FEATURE_MAP_RAISED = 1, 2
 _META = ("error", "B", "T", "H", "Hkv", "K", "V", "dtype", "device_type", "normalize", "feature_map",
          "scale", "eps", "has_initial_state", "output_final_state", "scheme", "combine", "chunk_size",
          "requires_grad")
@@ -110,7 +113,9 @@ def _float_bits(x: float) -> int:
 
 def _local_check(rank, q, k, v, scale, normalize, feature_map, eps, initial_state, output_final_state,
                  chunk_size, scheme, combine):
-    """Validates what one rank can see. Returns (error message or None, meta dict, (S0, z0))."""
+    """Validates what one rank can see and applies a callable feature map (whose errors every rank
+    must learn of before the state exchange). Returns (the exception or None, meta dict, (S0, z0),
+    (q, k, the fused map's name) to run the attention on)."""
     meta = dict.fromkeys(_META, 0)
     S0 = z0 = None
     try:
@@ -140,11 +145,20 @@ def _local_check(rank, q, k, v, scale, normalize, feature_map, eps, initial_stat
             raise ValueError(f"k head dim must equal q's (K = {K}), got {k.shape[3]}")
         if feature_map is not None and not callable(feature_map) and feature_map not in FEATURE_MAPS:
             raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, a callable or None, got {feature_map!r}")
-        if isinstance(scale, torch.Tensor):
-            raise TypeError("scale must be a Python number, got a tensor")
+        for x, name in ((q, "q"), (k, "k"), (v, "v")):
+            if x.numel() and x.shape[-1] > 1 and x.stride(-1) != 1:
+                raise ValueError(f"{name} must have unit stride in its last dimension, got strides {list(x.stride())}")
+        if V > MAX_HEAD_DIM:
+            raise ValueError(f"v head dim V must be in [1, {MAX_HEAD_DIM}], got {V}")
+        as_scale(scale)
+        as_finite(eps, "eps", minimum=0)
+        as_flag(normalize, "normalize")
+        as_flag(output_final_state, "output_final_state")
         if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
                                        or not 1 <= chunk_size <= 1024):
             raise ValueError(f"chunk_size must be an int in [1, 1024] or None, got {chunk_size!r}")
+        if not callable(feature_map) and K > MAX_HEAD_DIM:
+            raise ValueError(f"q and k head dim K must be in [1, {MAX_HEAD_DIM}], got {K}")
         sdt = _state_dtype(q.dtype)
         if initial_state is not None:
             if rank != 0:
@@ -180,10 +194,26 @@ def _local_check(rank, q, k, v, scale, normalize, feature_map, eps, initial_stat
                     combine=COMBINES.index(combine), chunk_size=chunk_size or 0,
                     requires_grad=int(torch.is_grad_enabled() and any(
                         x is not None and x.requires_grad for x in (q, k, v, S0, z0))))
-        return None, meta, (S0, z0)
     except (ValueError, TypeError) as e:
-        meta["error"] = 1
-        return e, meta, (None, None)
+        meta["error"] = _INVALID_ARGUMENTS
+        return e, meta, (None, None), None
+    if not callable(feature_map):
+        return None, meta, (S0, z0), (q, k, feature_map or "identity")
+    try:
+        fq, fk = feature_map(q), feature_map(k)
+    except Exception as e:  # noqa: BLE001  (a user's callable may raise anything; every rank must hear of it)
+        meta["error"] = _FEATURE_MAP_RAISED
+        return e, meta, (None, None), None
+    try:
+        check_feature_map_output(fq, q, "feature_map(q)")
+        check_feature_map_output(fk, k, "feature_map(k)")
+        if fk.shape[-1] != fq.shape[-1] or not 1 <= fq.shape[-1] <= MAX_HEAD_DIM:
+            raise ValueError(f"feature_map must map q and k to one feature dim in [1, {MAX_HEAD_DIM}], got "
+                             f"{fq.shape[-1]} and {fk.shape[-1]}")
+    except (ValueError, TypeError) as e:
+        meta["error"] = _INVALID_ARGUMENTS
+        return e, meta, (None, None), None
+    return None, meta, (S0, z0), (fq, fk, "identity")
 
 
 def _meta_device(group, q):
@@ -214,10 +244,16 @@ _AGREE = (  # field, argument named in the error, what it is
 def _check_group(metas, rank, local_error):
     bad = [r for r, m in enumerate(metas) if m["error"]]
     if bad:
+        if local_error is not None and metas[rank]["error"] == _FEATURE_MAP_RAISED:
+            raise local_error  # the callable's own error, as it raised it
         if local_error is not None:
             raise type(local_error)(f"{local_error} (on rank {rank} of the group)") from None
-        raise ValueError(f"context_parallel_linear_attn: invalid arguments on rank(s) {bad} of the group "
-                         "(see the error raised there); every rank stops")
+        invalid = [r for r in bad if metas[r]["error"] == _INVALID_ARGUMENTS]
+        raised = [r for r in bad if metas[r]["error"] == _FEATURE_MAP_RAISED]
+        what = ([f"invalid arguments on rank(s) {invalid}"] if invalid else []) + (
+            [f"feature_map raised on rank(s) {raised}"] if raised else [])
+        raise ValueError(f"context_parallel_linear_attn: {' and '.join(what)} of the group (see the error raised "
+                         "there); every rank stops")
     for field, arg, what in _AGREE:
         vals = [m[field] for m in metas]
         if len(set(vals)) > 1:
@@ -474,7 +510,11 @@ def context_parallel_linear_attn(
             correction q' S_in), see the module docstring.
         validate: all-gather a small description of every rank's arguments first, so that a
             mismatch raises the same clear error on every rank instead of hanging or computing
-            garbage. Costs one tiny collective (and a device-to-host copy on CUDA) per call.
+            garbage; a callable feature_map runs before it, so that if it raises on one rank (any
+            exception), that rank raises it and every other rank a ValueError naming that rank.
+            Costs one tiny collective (and a device-to-host copy on CUDA) per call. With
+            validate=False nothing is exchanged first: an error on one rank leaves the others
+            waiting in the state exchange until the group's timeout.
 
     Returns:
         o [B, T_rank, H, V] in q's dtype, and the final LinearAttnState or None.
@@ -484,8 +524,9 @@ def context_parallel_linear_attn(
     calls, as with DistributedDataParallel: the backward exchanges the state gradients.
     """
     rank, world = _group_info(group)
-    err, meta, (S_init, z_init) = _local_check(rank, q, k, v, scale, normalize, feature_map, eps,
-                                               initial_state, output_final_state, chunk_size, scheme, combine)
+    err, meta, (S_init, z_init), mapped = _local_check(rank, q, k, v, scale, normalize, feature_map, eps,
+                                                       initial_state, output_final_state, chunk_size, scheme,
+                                                       combine)
     if validate:
         metas = _gather_meta(meta, group, world, _meta_device(group, q))
         any_grad = _check_group(metas, rank, err)
@@ -494,14 +535,9 @@ def context_parallel_linear_attn(
             raise err
         any_grad = bool(meta["requires_grad"])
 
-    if callable(feature_map):
-        q, k, fm = feature_map(q), feature_map(k), "identity"
-    else:
-        fm = feature_map or "identity"
+    q, k, fm = mapped
     B, T, H, K = q.shape
     Hkv, V = v.shape[2], v.shape[3]
-    if tuple(k.shape) != (B, T, Hkv, K):
-        raise ValueError(f"feature_map must keep the shape of k {[B, T, Hkv, K]}, got {list(k.shape)}")
     sdt = _state_dtype(q.dtype)
     sc = _scale(scale, K)
     G = H // Hkv

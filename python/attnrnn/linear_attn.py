@@ -15,7 +15,8 @@ import torch
 
 from . import _ops
 from ._ops import ops
-from ._args import as_flag as _flag, as_real as _real, check_tensor as _check_tensor, scale_of as _scale_of
+from ._args import as_flag as _flag, as_int as _int, as_real as _real, check_feature_map_output
+from ._args import check_tensor as _check_tensor, scale_of as _scale_of
 
 FEATURE_MAPS = ("identity", "elu1", "relu")
 FeatureMapArg = Union[None, str, Callable[[torch.Tensor], torch.Tensor]]
@@ -41,10 +42,11 @@ def _feature_map(q, k, feature_map):
         return q, k, feature_map
     if callable(feature_map):
         fq, fk = feature_map(q), feature_map(k)
-        _check_tensor(fq, "feature_map(q)")
-        _check_tensor(fk, "feature_map(k)")
+        check_feature_map_output(fq, q, "feature_map(q)")
+        check_feature_map_output(fk, k, "feature_map(k)")
         return fq, fk, "identity"
-    raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, a callable or None, got {feature_map!r}")
+    raise TypeError(f"feature_map must be one of {FEATURE_MAPS}, a callable or None, got {type(feature_map).__name__} "
+                    f"{feature_map!r}")
 
 
 def _split_state(state, normalize, name):
@@ -77,6 +79,7 @@ def _sequence_op(fwd, q, k, v, scale, normalize, feature_map, eps, initial_state
             _check_tensor(x, name)
     if cu_seqlens is not None:
         _check_tensor(cu_seqlens, "cu_seqlens")
+    normalize = _flag(normalize, "normalize")
     fm = "identity"
     if feature_map is not None:
         q, k, fm = _feature_map(q, k, feature_map)
@@ -84,8 +87,8 @@ def _sequence_op(fwd, q, k, v, scale, normalize, feature_map, eps, initial_state
     if initial_state is not None:
         S0, z0 = _split_state(initial_state, normalize, "initial_state")
     # chunk_fwd also returns what it saved for the backward (empty here: autograd asks for it itself)
-    out = fwd(q, k, v, S0, z0, cu_seqlens, _scale_of(scale, q), _real(eps, "eps"), fm,
-              _flag(normalize, "normalize"), _flag(output_final_state, "output_final_state"), *extra)
+    out = fwd(q, k, v, S0, z0, cu_seqlens, _scale_of(scale, q), _real(eps, "eps"), fm, normalize,
+              _flag(output_final_state, "output_final_state"), *extra)
     if not output_final_state:
         return out[0], None
     return out[0], LinearAttnState(out[1], out[2] if normalize else None)
@@ -123,12 +126,7 @@ def chunk_linear_attn(
     Returns:
         o [B, T, H, V] in q's dtype, and the final LinearAttnState or None.
     """
-    if chunk_size is None:
-        chunk = 0
-    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= 1024:
-        raise ValueError(f"chunk_size must be an int in [1, 1024] or None, got {chunk_size!r}")
-    else:
-        chunk = chunk_size
+    chunk = 0 if chunk_size is None else _int(chunk_size, "chunk_size", 1, 1024)
     return _sequence_op(_ops.chunk_fwd, q, k, v, scale, normalize, feature_map, eps, initial_state,
                         output_final_state, cu_seqlens, chunk, False)
 
@@ -188,9 +186,11 @@ def linear_attn_step(
             _check_tensor(x, name)
     grad = torch.is_grad_enabled()
     if grad and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise RuntimeError(
-            "linear_attn_step updates the state in place and is not differentiable; use "
-            "recurrent_linear_attn or chunk_linear_attn with initial_state for gradients")
+        name = "q" if q.requires_grad else "k" if k.requires_grad else "v"
+        raise ValueError(
+            f"{name} requires grad, but linear_attn_step updates the state in place and is not differentiable; "
+            "run it under torch.no_grad(), or use recurrent_linear_attn or chunk_linear_attn with initial_state "
+            "for gradients")
     rank = q.dim()
     four_d = rank == 4
     if four_d:
@@ -203,17 +203,17 @@ def linear_attn_step(
         raise ValueError(f"q must be [B, H, K] or [B, 1, H, K], got shape {list(q.shape)}")
     if state_indices is not None:
         _check_tensor(state_indices, "state_indices")
+    normalize = _flag(normalize, "normalize")
     S, z = _split_state(state, normalize, "state")
     if grad:
         for x, name in ((S, "state.S"), (z, "state.z")):
             if x is not None and x.requires_grad:
-                raise RuntimeError(
+                raise ValueError(
                     f"linear_attn_step updates the state in place and is not differentiable, but {name} "
                     "requires grad; pass a detached state (or run under torch.no_grad()), or use "
                     "recurrent_linear_attn or chunk_linear_attn with initial_state for gradients")
     fm = "identity"
     if feature_map is not None:
         q, k, fm = _feature_map(q, k, feature_map)
-    o = _ops.step(q, k, v, S, z, state_indices, _scale_of(scale, q), _real(eps, "eps"), fm,
-                  _flag(normalize, "normalize"))
+    o = _ops.step(q, k, v, S, z, state_indices, _scale_of(scale, q), _real(eps, "eps"), fm, normalize)
     return o.unsqueeze(1) if four_d else o

@@ -22,11 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._args import as_finite, as_flag, as_int, check_tensor
 from .nn import AttentionCache, HedgehogFeatureMap, LinearAttention, SoftmaxAttention
 
 __all__ = ["LMConfig", "CausalLM"]
 
 LAYER_TYPES = ("linear", "softmax")
+FEATURE_MAPS = ("elu1", "relu", "identity", "hedgehog")
 
 
 @dataclass
@@ -54,6 +56,29 @@ class LMConfig:
     token_shift: bool = True
     tie_embeddings: bool = True
 
+    def __post_init__(self):
+        self.check()
+
+    def check(self) -> None:
+        """Raises TypeError (a field of the wrong type) or ValueError (out of range) naming the field;
+        the layers check what they take themselves (head dims, heads dividing the width)."""
+        as_int(self.vocab_size, "vocab_size", 1)
+        as_int(self.hidden_size, "hidden_size", 1)
+        as_int(self.num_layers, "num_layers", 1)
+        as_int(self.num_heads, "num_heads", 1)
+        as_int(self.num_kv_heads, "num_kv_heads", 1, allow_none=True)
+        as_int(self.head_dim, "head_dim", 1, allow_none=True)
+        if not isinstance(self.feature_map, str):
+            raise TypeError(f"feature_map must be a str, one of {FEATURE_MAPS}, got {type(self.feature_map).__name__}")
+        if self.feature_map not in FEATURE_MAPS:
+            raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, got {self.feature_map!r}")
+        for name in ("normalize", "qk_norm", "output_norm", "token_shift", "tie_embeddings"):
+            as_flag(getattr(self, name), name)
+        if as_finite(self.mlp_ratio, "mlp_ratio") <= 0 or int(self.mlp_ratio * self.hidden_size) < 1:
+            raise ValueError(f"mlp_ratio must give an MLP width int(mlp_ratio * hidden_size) >= 1, got "
+                             f"{self.mlp_ratio!r}")
+        self.resolved_layer_types()
+
     def resolved_layer_types(self) -> Tuple[str, ...]:
         lt = self.layer_types
         if isinstance(lt, str):
@@ -63,6 +88,8 @@ class LMConfig:
                 raise ValueError(f"layer_types must be 'linear', 'softmax', 'hybrid' or a list of those per layer, "
                                  f"got {lt!r}")
             return (lt,) * self.num_layers
+        if not isinstance(lt, Sequence):
+            raise TypeError(f"layer_types must be a str or a list of str, got {type(lt).__name__}")
         lt = tuple(lt)
         if len(lt) != self.num_layers or any(t not in LAYER_TYPES for t in lt):
             raise ValueError(f"layer_types must list {self.num_layers} entries from {LAYER_TYPES}, got {lt!r}")
@@ -100,9 +127,30 @@ class _Block(nn.Module):
         return h + self.mlp(self.norm2(h))
 
 
+def _check_token_values(input_ids: torch.Tensor, vocab_size: int) -> None:
+    if input_ids.numel():  # a device read (a sync on CUDA)
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"input_ids must lie in [0, vocab_size={vocab_size}), got values in [{lo}, {hi}]")
+
+
+@torch.library.custom_op("attnrnn_nn::checked_token_ids", mutates_args=())
+def _checked_token_ids(input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """input_ids after _check_token_values, inside a compiled graph: every later use (the embedding,
+    the cache's last token) takes the copy, so none runs before the check. On CUDA nothing is read
+    (that would synchronize the device on every step) and nothing is checked."""
+    if not input_ids.is_cuda:
+        _check_token_values(input_ids, vocab_size)
+    return input_ids.clone()
+
+
+@_checked_token_ids.register_fake
+def _(input_ids, vocab_size):
+    return torch.empty_like(input_ids)
+
+
 def _check_top_k(top_k):
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+    as_int(top_k, "top_k", 1, allow_none=True)
 
 
 class CausalLM(nn.Module):
@@ -115,6 +163,9 @@ class CausalLM(nn.Module):
 
     def __init__(self, config: LMConfig):
         super().__init__()
+        if not isinstance(config, LMConfig):
+            raise TypeError(f"config must be an LMConfig, got {type(config).__name__}")
+        config.check()  # again: a dataclass's fields may have changed since it was built
         self.config = config
         self.layer_types = config.resolved_layer_types()
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -147,8 +198,7 @@ class CausalLM(nn.Module):
         """A cache for ``num_slots`` concurrent sequences. ``max_len`` (tokens per sequence) is
         needed only by softmax layers; linear layers keep ``S [P, Hkv, K, V]``, ``z [P, Hkv, K]``."""
         device = self.embed.weight.device if device is None else device
-        if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
-            raise ValueError(f"num_slots must be an int >= 1, got {num_slots!r}")
+        as_int(num_slots, "num_slots", 1)
         if "softmax" in self.layer_types and max_len is None:
             raise ValueError("max_len is required: this model has softmax layers, whose KV cache grows with the context")
         pools = [b.attn.make_state(num_slots, max_len=max_len, device=device) for b in self.blocks]
@@ -156,20 +206,22 @@ class CausalLM(nn.Module):
         return AttentionCache(pools, extras=extras, signature=self.cache_signature())
 
     def _check(self, input_ids, cache, state_indices, ids_in_range=False):
+        """Checks a call; returns (input_ids, the cache's slots or None): under torch.compile the
+        checked copies, which every later step must use (see _checked_token_ids)."""
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"input_ids must be an int tensor [B, T], got {input_ids.dtype} {list(input_ids.shape)}")
         compiling = torch.compiler.is_compiling()
-        if not compiling and not ids_in_range and input_ids.numel():  # a device read (a sync on CUDA)
-            lo, hi = int(input_ids.min()), int(input_ids.max())
-            if lo < 0 or hi >= self.config.vocab_size:
-                raise ValueError(f"input_ids must lie in [0, vocab_size={self.config.vocab_size}), got values in "
-                                 f"[{lo}, {hi}]")
+        if not ids_in_range:
+            if compiling:
+                input_ids = torch.ops.attnrnn_nn.checked_token_ids(input_ids, self.config.vocab_size)
+            else:
+                _check_token_values(input_ids, self.config.vocab_size)
         if cache is None:
             if state_indices is not None:
                 raise ValueError("state_indices needs a cache")
-            return None
+            return input_ids, None
         if not isinstance(cache, AttentionCache):
             raise TypeError(f"cache must be an attnrnn.nn.AttentionCache, got {type(cache).__name__}")
         if cache.signature != self.cache_signature():
@@ -181,20 +233,19 @@ class CausalLM(nn.Module):
                              f"{ours[1]}; use model.make_cache()")
         B, T = input_ids.shape
         idx = cache.check_indices(state_indices, B)
-        if not compiling and B:
-            slots = cache._slots_of(idx)
+        if B:  # every KV cache must take the tokens before the first layer writes anything
+            slots = None if compiling else cache._slots_of(idx)
             for i, pool in enumerate(cache.layers):
-                if pool.kind == "softmax" and pool.end_after(slots, T) > pool.max_len:
-                    raise ValueError(f"input_ids: {T} more token(s) exceed the KV cache of layer {i} "
-                                     f"(max_len={pool.max_len}); build the cache with a larger max_len")
-        return idx
+                if pool.kind == "softmax":
+                    idx = pool.check_room(idx, T, i, "input_ids", slots)
+        return input_ids, idx
 
     # -- forward and generation ------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, cache: Optional[AttentionCache] = None,
                 state_indices: Optional[torch.Tensor] = None, *, _ids_in_range: bool = False) -> torch.Tensor:
         """input_ids ``[B, T]`` (int) -> logits ``[B, T, vocab_size]``. (``_ids_in_range``: generate's
         own tokens, sampled from the logits, skip the range check's device read.)"""
-        idx = self._check(input_ids, cache, state_indices, _ids_in_range)
+        input_ids, idx = self._check(input_ids, cache, state_indices, _ids_in_range)
         input_ids = input_ids.long()
         h = self.embed(input_ids)
         if self.shift_embed is not None:
@@ -234,10 +285,9 @@ class CausalLM(nn.Module):
         The prompt is prefilled in one call (chunk kernel), then each new token is one decoding
         step (step kernel: O(1) state per linear layer)."""
         _check_top_k(top_k)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if not temperature >= 0:
-            raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
+        as_int(max_new_tokens, "max_new_tokens", 0)
+        as_finite(temperature, "temperature", minimum=0)
+        check_tensor(input_ids, "input_ids")
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:
             raise ValueError(f"input_ids must be [B, T0] with T0 >= 1, got {list(input_ids.shape)}")
         B, T0 = input_ids.shape

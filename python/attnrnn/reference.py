@@ -1,6 +1,8 @@
 """Pure-PyTorch reference implementations of causal linear attention.
 
-These functions import nothing but torch, so they work without the compiled extension. They
+These functions import nothing but torch and the package's argument helpers (``_args``, themselves
+torch-only), so they work without the compiled extension. They check their options as the ops do
+(a wrong type raises TypeError, a value out of range ValueError) but take any head dim. They
 compute in the dtype of their inputs (state included): given float64 tensors they are the float64
 reference of the test suite; given bf16/fp16/fp32 tensors they are the "PyTorch in the same
 precision" baseline of the numerics rules (design.md §4, R1). All of them except
@@ -30,6 +32,10 @@ Three forms of the same function:
 * :func:`recurrent_linear_attn`: the token-by-token RNN;
 * :func:`chunk_linear_attn`: chunks of C tokens, the parallel form inside a chunk, the recurrent
   state between chunks.
+
+A NaN or Inf in q, k or v at token t reaches, in the recurrent and chunk forms, only what depends
+on token t (the outputs and dq of tokens >= t; dk and dv as the README states); the parallel form
+multiplies masked zeros by every token's row, so there it reaches earlier tokens too.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+
+from ._args import as_finite, as_flag, as_int, as_scale
 
 __all__ = [
     "LinearAttnState",
@@ -69,9 +77,8 @@ def apply_feature_map(x: torch.Tensor, feature_map: FeatureMap) -> torch.Tensor:
         return F.elu(x) + 1
     if feature_map == "relu":
         return F.relu(x)
-    raise ValueError(
-        f"feature_map must be None, 'identity', 'elu1', 'relu' or a callable, got {feature_map!r}"
-    )
+    error = ValueError if isinstance(feature_map, str) else TypeError
+    raise error(f"feature_map must be None, 'identity', 'elu1', 'relu' or a callable, got {feature_map!r}")
 
 
 # ---- shared preparation --------------------------------------------------------------------------
@@ -96,6 +103,7 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
 
 
 def _features(q, k, scale, feature_map):
+    scale = as_scale(scale)
     qf = apply_feature_map(q, feature_map)
     kf = apply_feature_map(k, feature_map)
     if scale is None:
@@ -148,6 +156,8 @@ def _group(x: torch.Tensor, Hkv: int) -> torch.Tensor:
 def _run(core, q, k, v, *, scale, normalize, feature_map, eps, initial_state,
          output_final_state, cu_seqlens, **core_kwargs):
     """Prepare features and state, run ``core`` per batch (or per packed sequence), assemble."""
+    normalize, output_final_state = as_flag(normalize, "normalize"), as_flag(output_final_state, "output_final_state")
+    eps = as_finite(eps, "eps", minimum=0)
     _check_heads(q, k, v)
     B, T, H, _ = q.shape
     Hkv, V = v.shape[2], v.shape[3]
@@ -231,18 +241,24 @@ def _recurrent_core(qf, kf, v, S0, z0, *, normalize, eps):
 
 def _chunk_core(qf, kf, v, S0, z0, *, normalize, eps, chunk_size):
     N, L, H, K = qf.shape
-    Hkv = kf.shape[2]
+    Hkv, V = kf.shape[2], v.shape[-1]
     qg = _group(qf, Hkv)
+    G = qg.shape[3]
     S, z = S0, z0
     outs = []
     for i in range(0, L, chunk_size):
         j = min(i + chunk_size, L)
         qc, kc, vc = qg[:, i:j], kf[:, i:j], v[:, i:j]
-        A = torch.einsum("nthgk,nshk->nhgts", qc, kc).tril()  # intra-chunk scores
-        num = torch.einsum("nhgts,nshv->nthgv", A, vc)  # intra-chunk
+        # Intra-chunk: the scores of the pairs s <= t only, summed into row t. A masked score times
+        # a later token's value (or its gradient times a later key) would carry a non-finite value
+        # there into earlier rows, since 0 * NaN = NaN.
+        t_idx, s_idx = torch.tril_indices(j - i, j - i, device=qf.device)
+        a = (qc[:, t_idx] * kc[:, s_idx].unsqueeze(-2)).sum(-1)  # [N, pairs, Hkv, G]
+        num = qf.new_zeros(N, j - i, Hkv, G, V).index_add(1, t_idx, a.unsqueeze(-1) * vc[:, s_idx].unsqueeze(-2))
         num = num + torch.einsum("nthgk,nhkv->nthgv", qc, S)  # inter-chunk, through the state
         if normalize:
-            den = A.sum(-1).permute(0, 3, 1, 2) + torch.einsum("nthgk,nhk->nthg", qc, z) + eps
+            rowsum = qf.new_zeros(N, j - i, Hkv, G).index_add(1, t_idx, a)
+            den = rowsum + torch.einsum("nthgk,nhk->nthg", qc, z) + eps
             num = num / den.unsqueeze(-1)
             z = z + kc.sum(1)
         S = S + torch.einsum("nshk,nshv->nhkv", kc, vc)  # state update
@@ -286,8 +302,7 @@ def recurrent_linear_attn(q, k, v, *, scale=None, normalize=True, feature_map=No
 def chunk_linear_attn(q, k, v, *, scale=None, normalize=True, feature_map=None, eps=1e-6,
                       initial_state=None, output_final_state=False, cu_seqlens=None,
                       chunk_size=64):
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    chunk_size = as_int(chunk_size, "chunk_size", 1)
     return _run(_chunk_core, q, k, v, scale=scale, normalize=normalize,
                 feature_map=feature_map, eps=eps, initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -337,6 +352,7 @@ def linear_attn_step(q, k, v, state, *, scale=None, normalize=True, feature_map=
     S, z = state
     B, H, _ = q.shape
     Hkv = k.shape[1]
+    normalize, eps = as_flag(normalize, "normalize"), as_finite(eps, "eps", minimum=0)
     if normalize and z is None:
         raise ValueError("state z is required when normalize=True")
     P = S.shape[0]

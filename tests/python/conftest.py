@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import sys
+import types
 
 import pytest
 import torch
@@ -35,8 +36,14 @@ def load_reference():
     if _IMPORT_ERROR is None:
         import attnrnn.reference as ref
         return ref
-    spec = importlib.util.spec_from_file_location("attnrnn_reference", PYDIR / "attnrnn" / "reference.py")
+    # The reference and its argument helpers from their files, in a package of their own that does
+    # not run attnrnn/__init__.py (which needs the extension).
+    package = types.ModuleType("attnrnn_reference")
+    package.__path__ = [str(PYDIR / "attnrnn")]
+    sys.modules["attnrnn_reference"] = package
+    spec = importlib.util.spec_from_file_location("attnrnn_reference.reference", PYDIR / "attnrnn" / "reference.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 

@@ -27,6 +27,7 @@ from attnrnn.distributed import context_parallel_linear_attn
 from conftest import NCCL_ENV
 
 TIMEOUT_S = 120  # a hung collective fails the test instead of blocking the suite
+SHORT_TIMEOUT_S = 5  # the group of a case in which one rank fails: a rank left waiting fails in seconds
 DEVICE = torch.device("cpu")  # a rank's device, set by _worker in each spawned process
 
 LENS = {  # per world size: tokens per rank (concatenated in rank order)
@@ -40,6 +41,10 @@ LENS = {  # per world size: tokens per rank (concatenated in rank order)
 
 def softplus_map(x):
     return F.softplus(x)
+
+
+def failing_map(x):
+    raise RuntimeError("this feature map fails on purpose")
 
 
 def _case(dtype=torch.float64, lens="uneven", normalize=True, feature_map="elu1", scheme="allgather",
@@ -77,7 +82,8 @@ CASES = {
 
 ERROR_CASES = ("mismatched_B", "mismatched_K", "mismatched_dtype", "local_dtype_mix",
                "initial_state_on_rank1", "initial_state_dtype", "bad_scheme", "mismatched_normalize",
-               "bad_heads", "group_not_member", "scale_default_vs_explicit", "scale_explicit_mismatch")
+               "bad_heads", "group_not_member", "scale_default_vs_explicit", "scale_explicit_mismatch",
+               "feature_map_raises_on_rank1")  # last: where a rank still waited, the next case would not line up
 
 
 # ---- what every rank runs ----------------------------------------------------------------------------
@@ -198,6 +204,10 @@ def _run_error_case(name, rank, world):
         kw["scale"] = K ** -0.5
     if name == "scale_explicit_mismatch":  # -1.0 (once taken for "default") against None
         kw["scale"] = -1.0 if rank == 0 else None
+    if name == "feature_map_raises_on_rank1":
+        kw["group"] = torch.distributed.new_group(list(range(world)),
+                                                  timeout=datetime.timedelta(seconds=SHORT_TIMEOUT_S))
+        kw["feature_map"] = failing_map if rank == 1 else softplus_map
     rnd = lambda *s, dtype=dt: torch.randn(*s, dtype=dtype, device=DEVICE)  # noqa: E731
     zeros = lambda *s, dtype=torch.float32: torch.zeros(*s, dtype=dtype, device=DEVICE)  # noqa: E731
     q, k, v = rnd(B, T, H, K), rnd(B, T, Hkv, K), rnd(B, T, Hkv, V)
@@ -315,6 +325,8 @@ def _expected_error(name, rank, world):
         "group_not_member": (None, "") if rank == 0 else ("ValueError", "group: this process"),
         "scale_default_vs_explicit": (None, ""),
         "scale_explicit_mismatch": ("ValueError", "scale: the value must be the same on every rank"),
+        "feature_map_raises_on_rank1": ("RuntimeError", "this feature map fails on purpose") if rank == 1 else
+        ("ValueError", "feature_map raised on rank(s) [1] of the group"),
     }[name]
 
 

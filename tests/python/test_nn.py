@@ -154,10 +154,11 @@ def test_sample_top_k_stays_within_top_k(lm):
     assert set(tok.tolist()) == {1, 2}
 
 
-@pytest.mark.parametrize("top_k", [0, -1, 2.0, True], ids=["zero", "negative", "float", "bool"])
-def test_generate_rejects_bad_top_k(lm, top_k):
+@pytest.mark.parametrize("top_k,error", [(0, ValueError), (-1, ValueError), (2.0, TypeError), (True, TypeError)],
+                         ids=["zero", "negative", "float", "bool"])
+def test_generate_rejects_bad_top_k(lm, top_k, error):
     model = _model(lm, "linear")
-    with pytest.raises(ValueError, match="top_k"):
+    with pytest.raises(error, match="top_k"):
         model.generate(torch.randint(0, 23, (1, 3)), max_new_tokens=2, temperature=1.0, top_k=top_k)
 
 
@@ -168,16 +169,18 @@ def test_generate_rejects_bad_temperature(lm, temperature):
         model.generate(torch.randint(0, 23, (1, 3)), max_new_tokens=2, temperature=temperature)
 
 
-@pytest.mark.parametrize("n", [-3, 2.5, True], ids=["negative", "float", "bool"])
-def test_generate_rejects_bad_max_new_tokens(lm, n):
+@pytest.mark.parametrize("n,error", [(-3, ValueError), (2.5, TypeError), (True, TypeError)],
+                         ids=["negative", "float", "bool"])
+def test_generate_rejects_bad_max_new_tokens(lm, n, error):
     model = _model(lm, "linear")
-    with pytest.raises(ValueError, match="max_new_tokens"):
+    with pytest.raises(error, match="max_new_tokens"):
         model.generate(torch.randint(0, 23, (1, 3)), max_new_tokens=n)
 
 
-@pytest.mark.parametrize("n", [0, -1, 2.5], ids=["zero", "negative", "float"])
-def test_make_cache_rejects_bad_num_slots(lm, n):
-    with pytest.raises(ValueError, match="num_slots"):
+@pytest.mark.parametrize("n,error", [(0, ValueError), (-1, ValueError), (2.5, TypeError)],
+                         ids=["zero", "negative", "float"])
+def test_make_cache_rejects_bad_num_slots(lm, n, error):
+    with pytest.raises(error, match="num_slots"):
         _model(lm, "linear").make_cache(n)
 
 
@@ -309,15 +312,17 @@ def test_layer_rejects_bad_constructor_args(nn):
 
 
 @pytest.mark.parametrize("layer", ["LinearAttention", "SoftmaxAttention"])
-@pytest.mark.parametrize("arg,value", [("head_dim", -1), ("head_dim", 8.5), ("head_dim", 0), ("value_dim", 0)])
-def test_layer_rejects_bad_head_dims(nn, layer, arg, value):
-    with pytest.raises(ValueError, match=arg):
+@pytest.mark.parametrize("arg,value,error", [("head_dim", -1, ValueError), ("head_dim", 8.5, TypeError),
+                                             ("head_dim", 0, ValueError), ("value_dim", 0, ValueError)])
+def test_layer_rejects_bad_head_dims(nn, layer, arg, value, error):
+    with pytest.raises(error, match=arg):
         getattr(nn, layer)(H, 4, **{arg: value})
 
 
-@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.5"], ids=["nan", "inf", "str"])
-def test_softmax_layer_rejects_a_bad_scale(nn, scale):
-    with pytest.raises(ValueError, match="scale"):
+@pytest.mark.parametrize("scale,error", [(float("nan"), ValueError), (float("inf"), ValueError), ("0.5", TypeError)],
+                         ids=["nan", "inf", "str"])
+def test_softmax_layer_rejects_a_bad_scale(nn, scale, error):
+    with pytest.raises(error, match="scale"):
         nn.SoftmaxAttention(H, 4, scale=scale)
 
 
@@ -412,7 +417,8 @@ def test_kv_cache_overflow_rejected_untouched(lm):
     with torch.no_grad():
         model(torch.zeros(1, 5, dtype=torch.long), cache, idx)
     snap = _snapshot(cache)
-    with pytest.raises(ValueError, match=r"input_ids: 2 more token\(s\) exceed the KV cache of layer 1 \(max_len=6\)"):
+    with pytest.raises(ValueError, match=r"input_ids: 2 more token\(s\) do not fit in the KV cache of layer 1 "
+                                         r"\(max_len=6\) for slots \[0\]"):
         model(torch.zeros(1, 2, dtype=torch.long), cache, idx)
     _assert_untouched(cache, snap)
 

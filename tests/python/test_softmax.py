@@ -243,6 +243,45 @@ def test_decode_refuses_to_append_to_a_cache_whose_rows_share_memory(ar, device,
         ar.softmax.softmax_attn_step(d["q"], d["k_cache"], d["v_cache"], d["cache_seqlens"], k_new=kn, v_new=vn)
 
 
+def _shared_caches(device, overlap):
+    """k_cache and v_cache [2, 10, 2, 8] in one buffer: the same tensor, or v_cache 8 elements on."""
+    buf = torch.randn(2 * 10 * 2 * 8 + 8, device=device)
+    k_cache = buf[:320].view(2, 10, 2, 8)
+    return k_cache, (k_cache if overlap == "same-tensor" else buf[8:].view(2, 10, 2, 8))
+
+
+@pytest.mark.parametrize("overlap", ["same-tensor", "overlapping"])
+def test_decode_refuses_to_append_to_caches_that_share_memory(ar, device, overlap):
+    k_cache, v_cache = _shared_caches(device, overlap)
+    q, new = torch.randn(2, 2, 8, device=device), torch.randn(2, 2, 8, device=device)
+    lens = torch.tensor([3, 5], dtype=torch.int32, device=device)
+    before = k_cache.clone()
+    with pytest.raises(ValueError, match="v_cache and k_cache must not share memory"):
+        ar.softmax.softmax_attn_step(q, k_cache, v_cache, lens, k_new=new, v_new=new.clone())
+    assert torch.equal(k_cache, before)
+
+
+@pytest.mark.parametrize("arg", ["q", "k_new", "v_new"])
+def test_decode_refuses_an_input_inside_the_cache_it_appends_to(ar, device, arg):
+    d = _step_inputs(device)
+    d["k_new"], d["v_new"] = torch.randn(2, 2, 16, device=device), torch.randn(2, 2, 8, device=device)
+    cache = "v_cache" if arg == "v_new" else "k_cache"
+    d[arg] = d[cache].view(-1)[:d[arg].numel()].view(d[arg].shape)
+    with pytest.raises(ValueError, match=f"{cache} and {arg} must not share memory"):
+        ar.softmax.softmax_attn_step(d["q"], d["k_cache"], d["v_cache"], d["cache_seqlens"], k_new=d["k_new"],
+                                     v_new=d["v_new"])
+
+
+@pytest.mark.parametrize("overlap", ["same-tensor", "overlapping"])
+def test_decode_without_append_reads_caches_that_share_memory(ar, device, overlap):
+    """Without k_new and v_new nothing is written, so caches in one buffer are only read."""
+    k_cache, v_cache = _shared_caches(device, overlap)
+    q = torch.randn(2, 2, 8, device=device)
+    lens = torch.tensor([3, 5], dtype=torch.int32, device=device)
+    o = ar.softmax.softmax_attn_step(q, k_cache, v_cache, lens)
+    torch.testing.assert_close(o, ar.softmax.softmax_attn_step(q, k_cache.clone(), v_cache.clone(), lens))
+
+
 @pytest.mark.parametrize("L", [6, 3000], ids=["one-split", "splits"])
 def test_decode_step_of_a_nan_query_is_nan(ar, device, L):
     """Every score NaN must not read as an empty cache (whose output is 0), in one split or merged
@@ -258,7 +297,7 @@ def test_decode_step_of_a_nan_query_is_nan(ar, device, L):
 def test_decode_refuses_grad(ar, device):
     q = torch.randn(1, 2, 8, device=device, requires_grad=True)
     kc, vc = torch.randn(1, 4, 1, 8, device=device), torch.randn(1, 4, 1, 8, device=device)
-    with pytest.raises(RuntimeError, match="not differentiable"):
+    with pytest.raises(ValueError, match="q requires grad.*not differentiable"):
         ar.softmax.softmax_attn_step(q, kc, vc, torch.ones(1, dtype=torch.int32, device=device))
 
 
@@ -266,7 +305,7 @@ def test_decode_refuses_grad(ar, device):
 def test_decode_refuses_grad_on_kv_cache(ar, device, cache):
     d = _step_inputs(device)
     d[cache].requires_grad_()
-    with pytest.raises(RuntimeError, match="not differentiable"):
+    with pytest.raises(ValueError, match=f"{cache} requires grad.*not differentiable"):
         ar.softmax.softmax_attn_step(d["q"], d["k_cache"], d["v_cache"], d["cache_seqlens"])
 
 

@@ -57,10 +57,11 @@ def test_nocache_recomputes_superlinearly(ar):
     assert calls[1] / calls[0] > 2.5 and calls[2] / calls[1] > 3  # -> 4 (quadratic in T) for N = 2
 
 
-@pytest.mark.parametrize("block_size", [0, -4, 2.5], ids=["zero", "negative", "float"])
-def test_nocache_rejects_a_bad_block_size(ar, block_size):
+@pytest.mark.parametrize("block_size,error", [(0, ValueError), (-4, ValueError), (2.5, TypeError)],
+                         ids=["zero", "negative", "float"])
+def test_nocache_rejects_a_bad_block_size(ar, block_size, error):
     model = ar.softmax.TinyTransformer(vocab=11, dim=16, n_layers=1, n_heads=2, n_kv_heads=1)
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(error, match="block_size"):
         ar.softmax.NoCacheDecoder(model, block_size=block_size)
 
 

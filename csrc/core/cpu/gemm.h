@@ -7,6 +7,10 @@
 // streams the p loop: each step broadcasts MR values of A and does MR x NR fused multiply-adds
 // against one NR-wide row of B. Column blocks run outermost so the kd x NR panel of B stays in
 // cache. Also: dot and sum with vector accumulators, and the causal (triangular) products.
+//
+// The causal products read only the terms inside each row's range: a masked score is never
+// multiplied by its operand row, since 0 · NaN = NaN would carry a non-finite value at token s
+// into the outputs of the tokens before s.
 #pragma once
 
 #include <algorithm>
@@ -152,26 +156,54 @@ void causal_scores(int64_t L, int64_t d, const A* x, const A* yt, A* c) {
   for (int64_t t = 0; t < L; ++t) std::fill(c + t * L + t + 1, c + (t + 1) * L, A(0));
 }
 
+// Row-ranged product: C[i, :] (=, +=) Σ_{p ∈ [begin(i), end(i))} a(i, p) B[p, :], a(i, p) =
+// A[i * ars + p * acs], with begin and end nondecreasing in i. Terms outside a row's range are
+// never read. Per block of MR rows, the range all its rows share runs on the micro-kernel and
+// each row's remainder (at most MR - 1 terms where consecutive ranges move by one) as row updates.
+template <class A, class Begin, class End>
+void gemm_row_ranges(int64_t m, int64_t n, Begin begin, End end, const A* a, int64_t ars, int64_t acs,
+                     const A* b, int64_t ldb, A* c, int64_t ldc, bool accumulate) {
+  constexpr int MR = Tile<A>::MR;
+  if (m == 0) return;
+  if (begin(m - 1) == begin(0) && end(m - 1) == end(0)) {  // one range for all rows: a plain product
+    const int64_t lo = begin(0), hi = std::max(lo, end(0));
+    gemm(m, n, hi - lo, a + lo * acs, ars, acs, b + lo * ldb, ldb, c, ldc, accumulate);
+    return;
+  }
+  for (int64_t i0 = 0; i0 < m; i0 += MR) {
+    const int64_t mr = std::min<int64_t>(MR, m - i0);
+    const int64_t lo = begin(i0 + mr - 1), hi = std::max(lo, end(i0));  // the shared range [lo, hi)
+    gemm(mr, n, hi - lo, a + i0 * ars + lo * acs, ars, acs, b + lo * ldb, ldb, c + i0 * ldc, ldc, accumulate);
+    for (int64_t i = i0; i < i0 + mr; ++i) {
+      A* __restrict ci = c + i * ldc;
+      const int64_t bi = begin(i), ei = end(i);
+      auto add = [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const A x = a[i * ars + p * acs];
+          const A* __restrict bp = b + p * ldb;
+          for (int64_t j = 0; j < n; ++j) ci[j] += x * bp[j];
+        }
+      };
+      add(bi, std::min(lo, ei));  // before the shared range
+      add(std::max(hi, bi), ei);  // after it
+    }
+  }
+}
+
 // C[t, :] (+)= Σ_{s <= t} M[t, s] B[s, :] with M lower-triangular (L x L), B L x n.
 template <class A>
 void causal_nn(int64_t L, int64_t n, const A* m, const A* b, int64_t ldb, A* c, int64_t ldc,
                bool accumulate) {
-  constexpr int MR = Tile<A>::MR;
-  for (int64_t i0 = 0; i0 < L; i0 += MR) {
-    const int64_t mr = std::min<int64_t>(MR, L - i0);
-    gemm(mr, n, i0 + mr, m + i0 * L, L, int64_t(1), b, ldb, c + i0 * ldc, ldc, accumulate);
-  }
+  gemm_row_ranges(L, n, [](int64_t) { return int64_t(0); }, [](int64_t t) { return t + 1; }, m, L, int64_t(1), b,
+                  ldb, c, ldc, accumulate);
 }
 
 // C[s, :] (+)= Σ_{t >= s} M[t, s] B[t, :] with M lower-triangular (L x L), B L x n.
 template <class A>
 void causal_tn(int64_t L, int64_t n, const A* m, const A* b, int64_t ldb, A* c, int64_t ldc,
                bool accumulate) {
-  constexpr int MR = Tile<A>::MR;
-  for (int64_t s0 = 0; s0 < L; s0 += MR) {
-    const int64_t mr = std::min<int64_t>(MR, L - s0);
-    gemm(mr, n, L - s0, m + s0 * L + s0, int64_t(1), L, b + s0 * ldb, ldb, c + s0 * ldc, ldc, accumulate);
-  }
+  gemm_row_ranges(L, n, [](int64_t s) { return s; }, [L](int64_t) { return L; }, m, int64_t(1), L, b, ldb, c, ldc,
+                  accumulate);
 }
 
 }  // namespace attnrnn::cpu

@@ -105,7 +105,11 @@ void dq_block(const SoftmaxAttnParams& p, const sm::Dims& d, int64_t n, int64_t 
     gemm(rows, L, D, w.q.data(), D, int64_t(1), w.kt.data(), L, w.p.data(), L, false);     // S = Q' Kᵀ
     gemm(rows, L, Dv, w.dO.data(), Dv, int64_t(1), w.vt.data(), L, w.dp.data(), L, false);  // dP = dO Vᵀ
     probabilities_and_ds(s, i0, j0, rows, L, lse, Drow, w.p.data(), w.dp.data());
-    gemm(rows, D, L, w.dp.data(), L, int64_t(1), w.kb.data(), D, w.part.data(), D, false);  // dQ += dS K
+    // dQ += dS K over the keys each query sees (a masked 0 times a later key's non-finite value
+    // would reach the query).
+    const auto visible = [&](int64_t i) { return std::clamp<int64_t>(s.key_end(i0 + i) - j0, 0, L); };
+    gemm_row_ranges(rows, D, [](int64_t) { return int64_t(0); }, visible, w.dp.data(), L, int64_t(1), w.kb.data(), D,
+                    w.part.data(), D, false);
     add_to(w.part.data(), rows * D, w.acc.data());
   }
   const A scale = static_cast<A>(p.scale);
@@ -136,9 +140,16 @@ void dkv_block(const SoftmaxAttnParams& p, const sm::Dims& d, int64_t n, int64_t
       gemm(rows, L, D, w.q.data(), D, int64_t(1), w.kt.data(), L, w.p.data(), L, false);     // S = Q' Kᵀ
       gemm(rows, L, Dv, w.dO.data(), Dv, int64_t(1), w.vt.data(), L, w.dp.data(), L, false);  // dP = dO Vᵀ
       probabilities_and_ds(s, i0, j0, rows, L, lse, Drow, w.p.data(), w.dp.data());
-      gemm(L, Dv, rows, w.p.data(), int64_t(1), L, w.dO.data(), Dv, w.part.data(), Dv, false);  // dV += Pᵀ dO
+      // dV += Pᵀ dO and dK += dSᵀ Q' over the queries that see each key, from its first one: a
+      // masked 0 times an earlier query's non-finite row would reach the key.
+      const auto first_seer = [&](int64_t j) {
+        return s.causal ? std::clamp<int64_t>(j0 + j - (s.Lk - s.Lq) - i0, 0, rows) : int64_t(0);
+      };
+      const auto all_rows = [rows](int64_t) { return rows; };
+      gemm_row_ranges(L, Dv, first_seer, all_rows, w.p.data(), int64_t(1), L, w.dO.data(), Dv, w.part.data(), Dv,
+                      false);
       add_to(w.part.data(), L * Dv, w.dv.data());
-      gemm(L, D, rows, w.dp.data(), int64_t(1), L, w.q.data(), D, w.part.data(), D, false);     // dK += dSᵀ Q'
+      gemm_row_ranges(L, D, first_seer, all_rows, w.dp.data(), int64_t(1), L, w.q.data(), D, w.part.data(), D, false);
       add_to(w.part.data(), L * D, w.acc.data());
     }
   }

@@ -76,11 +76,15 @@ void forward_block(const SoftmaxAttnParams& p, const sm::Dims& d, const Item& it
 
     // Scores: S = Q' Kᵀ.
     gemm(rows, L, D, w.q.data(), D, int64_t(1), w.kt.data(), L, w.s.data(), L, false);
+    // Keys of this block that row i sees: [0, visible(i)).
+    const auto visible = [&](int64_t i) { return std::clamp<int64_t>(s.key_end(it.i0 + i) - j0, 0, L); };
     // Update: running max, rescaled denominator and numerators; S becomes P.
-    sm::online_softmax_block(w.s.data(), rows, L, [&](int64_t i) { return s.key_end(it.i0 + i) - j0; },
-                             w.m.data(), w.z.data(), w.y.data(), Dv);
+    sm::online_softmax_block(w.s.data(), rows, L, visible, w.m.data(), w.z.data(), w.y.data(), Dv);
     // Values: Y += P V (the block's product first, then one addition: short summation chains).
-    gemm(rows, Dv, L, w.s.data(), L, int64_t(1), w.vb.data(), Dv, w.pv.data(), Dv, false);
+    // Each row reads only the values of the keys it sees: a masked 0 times a non-finite value of a
+    // later key would reach the row.
+    gemm_row_ranges(rows, Dv, [](int64_t) { return int64_t(0); }, visible, w.s.data(), L, int64_t(1), w.vb.data(),
+                    Dv, w.pv.data(), Dv, false);
     for (int64_t e = 0; e < rows * Dv; ++e) w.y[e] += w.pv[e];
   }
 

@@ -17,13 +17,13 @@ differentiable (the cache itself is not: states are written detached).
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._args import as_finite, as_flag, as_head_dim, as_int, as_scale, check_feature_map_output
 from ..linear_attn import FEATURE_MAPS, chunk_linear_attn, linear_attn_step
 from .cache import AttentionCache, KVPool, LinearStatePool
 
@@ -36,21 +36,19 @@ class _Attention(nn.Module):
     def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, value_dim, qk_norm, bias, layer_idx,
                  device, dtype):
         super().__init__()
-        for value, name in ((hidden_size, "hidden_size"), (num_heads, "num_heads")):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads <= 0 \
-                or num_heads % num_kv_heads:
-            raise ValueError(f"num_kv_heads must be a positive int dividing num_heads={num_heads}, got {num_kv_heads!r}")
+        as_int(hidden_size, "hidden_size", 1)
+        as_int(num_heads, "num_heads", 1)
+        num_kv_heads = num_heads if num_kv_heads is None else as_int(num_kv_heads, "num_kv_heads", 1)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads must divide num_heads={num_heads}, got {num_kv_heads}")
         if head_dim is None:
             if hidden_size % num_heads:
                 raise ValueError(f"hidden_size={hidden_size} is not a multiple of num_heads={num_heads}; pass head_dim")
             head_dim = hidden_size // num_heads
-        value_dim = head_dim if value_dim is None else value_dim
-        for value, name in ((head_dim, "head_dim"), (value_dim, "value_dim")):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        as_int(head_dim, "head_dim", 1)
+        value_dim = head_dim if value_dim is None else as_int(value_dim, "value_dim", 1)
+        qk_norm, bias = as_flag(qk_norm, "qk_norm"), as_flag(bias, "bias")
+        as_int(layer_idx, "layer_idx", 0)
         self.hidden_size, self.num_heads, self.num_kv_heads = hidden_size, num_heads, num_kv_heads
         self.head_dim, self.value_dim, self.layer_idx = head_dim, value_dim, layer_idx
         kw = dict(bias=bias, device=device, dtype=dtype)
@@ -139,14 +137,19 @@ class LinearAttention(_Attention):
                 raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, an nn.Module or a callable, "
                                  f"got {feature_map!r}")
             self.feature_map, self._fused_map = None, name
-            self.feature_dim = self.head_dim
+            self.feature_dim = as_head_dim(self.head_dim, "head_dim")
         elif callable(feature_map):
             self.feature_map, self._fused_map = feature_map, "identity"  # a Module registers as a child
-            self.feature_dim = self._probe_feature_dim(feature_map, device, dtype)
+            self.feature_dim = as_head_dim(self._probe_feature_dim(feature_map, device, dtype),
+                                           "feature_map's feature_dim")
         else:
-            raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, an nn.Module or a callable, got "
-                             f"{feature_map!r}")
-        self.normalize, self.scale, self.eps, self.chunk_size = bool(normalize), scale, float(eps), chunk_size
+            raise TypeError(f"feature_map must be one of {FEATURE_MAPS}, an nn.Module or a callable, got "
+                            f"{type(feature_map).__name__} {feature_map!r}")
+        as_head_dim(self.value_dim, "value_dim")
+        self.normalize, self.scale = as_flag(normalize, "normalize"), as_scale(scale)
+        self.eps = as_finite(eps, "eps", minimum=0)
+        self.chunk_size = as_int(chunk_size, "chunk_size", 1, 1024, allow_none=True)
+        output_norm = as_flag(output_norm, "output_norm")
         self.o_norm = nn.RMSNorm(self.value_dim, device=device, dtype=dtype) if output_norm else None
 
     def _probe_feature_dim(self, fm, device, dtype):
@@ -186,7 +189,10 @@ class LinearAttention(_Attention):
         elif state_indices is not None:
             raise ValueError("state_indices needs a cache")
         if self.feature_map is not None:
-            q, k = self.feature_map(q), self.feature_map(k)
+            fq, fk = self.feature_map(q), self.feature_map(k)
+            check_feature_map_output(fq, q, "feature_map(q)")
+            check_feature_map_output(fk, k, "feature_map(k)")
+            q, k = fq, fk
         opts = dict(scale=self.scale, normalize=self.normalize, feature_map=self._fused_map, eps=self.eps)
         if pool is None:
             o, _ = chunk_linear_attn(q, k, v, chunk_size=self.chunk_size, **opts)
@@ -230,10 +236,7 @@ class SoftmaxAttention(_Attention):
                  qk_norm: bool = False, bias: bool = False, layer_idx: int = 0, device=None, dtype=None):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, value_dim, qk_norm, bias, layer_idx,
                          device, dtype)
-        if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
-                                      and math.isfinite(scale)):
-            raise ValueError(f"scale must be a finite number or None, got {scale!r}")
-        self.scale = scale
+        self.scale = as_scale(scale)
 
     def spec(self) -> tuple:
         """The cache this layer needs: ``("softmax", Hkv, D, Dv, dtype)``."""
@@ -245,9 +248,9 @@ class SoftmaxAttention(_Attention):
 
     def make_state(self, num_slots: int, max_len: Optional[int] = None, device=None) -> KVPool:
         """A KV cache of ``num_slots`` sequences of up to ``max_len`` tokens (required)."""
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
-            raise ValueError(f"max_len must be a positive int for a softmax-attention layer (its KV cache grows "
-                             f"with the context), got {max_len!r}")
+        if max_len is None:
+            raise ValueError("max_len is required for a softmax-attention layer (its KV cache grows with the context)")
+        as_int(max_len, "max_len", 1)
         device = self.q_proj.weight.device if device is None else device
         return KVPool(num_slots, max_len, self.num_kv_heads, self.head_dim, self.value_dim, device=device,
                       dtype=self._param_dtype())
@@ -272,15 +275,12 @@ class SoftmaxAttention(_Attention):
         else:
             pool = self._pool(cache, self.spec())
             idx = cache.check_indices(state_indices, B)
-            start = pool.lengths[idx]                                         # [B]
             compiling = torch.compiler.is_compiling()
-            if not compiling:  # from the host copies: no device read per layer and token
-                slots = cache._slots_of(idx)
-                end = pool.end_after(slots, T) if B else 0
-                if end > pool.max_len:
-                    over = [s for s in slots if pool.end_after([s], T) > pool.max_len]
-                    raise ValueError(f"x: {T} more token(s) do not fit in the KV cache of layer {self.layer_idx} "
-                                     f"(max_len={pool.max_len}) for slots {over}; build the cache with a larger max_len")
+            slots = None if compiling else cache._slots_of(idx)  # from the check: no device read per layer and token
+            if B:
+                idx = pool.check_room(idx, T, self.layer_idx, "x", slots)
+            end = pool.end_after(slots, T) if not compiling and B else 0
+            start = pool.lengths[idx]                                         # [B]
             pos = start[:, None] + torch.arange(T, device=x.device)          # [B, T] positions of the new tokens
             pool.k[idx[:, None], pos] = k.detach().to(pool.k.dtype)
             pool.v[idx[:, None], pos] = v.detach().to(pool.v.dtype)

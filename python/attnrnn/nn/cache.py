@@ -25,6 +25,7 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, 
 
 import torch
 
+from .._args import as_int
 from .._host_copy import HostCopy, version_of
 
 __all__ = ["LinearStatePool", "KVPool", "AttentionCache"]
@@ -32,6 +33,60 @@ __all__ = ["LinearStatePool", "KVPool", "AttentionCache"]
 
 def _nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+# ---- the checks on values held in tensors ------------------------------------------------------------
+# Eager calls read the values on the host (once per tensor, see check_indices). Under torch.compile
+# the same checks run inside the graph as the two operators below: each returns a copy of the slots
+# that every later write of the cache takes as its index, so no write can run before the check that
+# guards it. On the CPU they raise the eager call's ValueError; on CUDA they read nothing (that
+# would synchronize the device on every step) and check nothing.
+
+def _check_slot_values(values: List[int], allocated: List[bool], name: str) -> None:
+    """values: the slots one call addresses; allocated: the allocator's state of every slot."""
+    num_slots = len(allocated)
+    out = [i for i in values if not 0 <= i < num_slots]
+    if out:
+        raise ValueError(f"{name} has indices {out} out of range [0, {num_slots}) (num_slots={num_slots})")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name} must be distinct, got {values}")
+    unallocated = [i for i in values if not allocated[i]]
+    if unallocated:
+        raise ValueError(f"{name} addresses slots {unallocated} that are not allocated; call cache.allocate() first")
+
+
+def _check_room_values(slots: List[int], lengths: List[int], max_len: int, count: int, layer: int, arg: str) -> None:
+    full = [s for s in slots if lengths[s] + count > max_len]
+    if full:
+        raise ValueError(f"{arg}: {count} more token(s) do not fit in the KV cache of layer {layer} (max_len={max_len}) "
+                         f"for slots {full}; build the cache with a larger max_len")
+
+
+@torch.library.custom_op("attnrnn_nn::checked_slots", mutates_args=())
+def _checked_slots(slots: torch.Tensor, allocated: torch.Tensor, name: str) -> torch.Tensor:
+    """slots (int64) after _check_slot_values against allocated (the allocator's CPU mirror)."""
+    if not slots.is_cuda:
+        _check_slot_values(slots.tolist(), allocated.tolist(), name)
+    return slots.clone()
+
+
+@torch.library.custom_op("attnrnn_nn::checked_room", mutates_args=())
+def _checked_room(slots: torch.Tensor, lengths: torch.Tensor, max_len: int, count: int, layer: int,
+                  arg: str) -> torch.Tensor:
+    """slots (int64, checked) after _check_room_values against a KV pool's lengths."""
+    if not slots.is_cuda:
+        _check_room_values(slots.tolist(), lengths.tolist(), max_len, count, layer, arg)
+    return slots.clone()
+
+
+@_checked_slots.register_fake
+def _(slots, allocated, name):
+    return torch.empty_like(slots)
+
+
+@_checked_room.register_fake
+def _(slots, lengths, max_len, count, layer, arg):
+    return torch.empty_like(slots)
 
 
 class _Checked(NamedTuple):
@@ -117,6 +172,16 @@ class KVPool:
         the host copy."""
         lengths = self.host_lengths()
         return max(lengths[s] for s in slots) + count
+
+    def check_room(self, idx: torch.Tensor, count: int, layer: int, arg: str,
+                   slots: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """Raises ValueError naming ``arg`` when ``count`` more tokens do not fit in the slots ``idx``
+        (checked slots; ``slots``: the same as ints). Returns the slots the writes must use: ``idx``,
+        or under torch.compile the checked copy (see ``_checked_room``)."""
+        if torch.compiler.is_compiling():
+            return torch.ops.attnrnn_nn.checked_room(idx, self.lengths, self.max_len, count, layer, arg)
+        _check_room_values(list(slots), self.host_lengths(), self.max_len, count, layer, arg)
+        return idx
 
     def _write_lengths(self, write, slots: Optional[Sequence[int]], value) -> None:
         """write() changes lengths at slots; the host copy follows (value(old) per slot) if it was
@@ -221,8 +286,7 @@ class AttentionCache:
     def allocate(self, n: int = 1) -> torch.Tensor:
         """Takes ``n`` free slots, zeroes their rows in every pool and returns them (int64 ``[n]``
         on the cache's device). Raises ``ValueError`` when fewer than ``n`` slots are free."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"n must be a non-negative int, got {n!r}")
+        as_int(n, "n", 0)
         if n > len(self._free):
             raise ValueError(f"n={n} slots requested but only {len(self._free)} of {self.num_slots} are free; "
                              "free some slots or build a larger cache")
@@ -276,7 +340,9 @@ class AttentionCache:
         tensor again (or the one returned), unwritten as far as their version counters tell (writes
         through NumPy, DLPack or ``.data`` are not seen: pass a new tensor after them), with no slot
         allocated or freed since, is returned as checked. Under ``torch.compile`` only the shape and
-        dtype are checked. Raises ``RuntimeError`` while a CUDA graph is being captured."""
+        dtype are checked on the host; the values are checked inside the graph on the CPU (see
+        ``_checked_slots``) and not at all on CUDA. Raises ``RuntimeError`` while a CUDA graph is being
+        captured."""
         compiling = torch.compiler.is_compiling()
         if not compiling and self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("decoding through attnrnn.nn layers cannot be captured in a CUDA graph: the cache's "
@@ -302,19 +368,11 @@ class AttentionCache:
                 return memo.idx
             idx = state_indices.long()
             values = None if compiling else idx.tolist()
-        if not compiling:
-            out = [i for i in values if not 0 <= i < self.num_slots]
-            if out:
-                raise ValueError(f"{name} has indices {out} out of range [0, {self.num_slots}) (num_slots="
-                                 f"{self.num_slots})")
-            if len(set(values)) != len(values):
-                raise ValueError(f"{name} must be distinct, got {values}")
-            unallocated = [i for i in values if not self._allocated[i]]
-            if unallocated:
-                raise ValueError(f"{name} addresses slots {unallocated} that are not allocated; call "
-                                 "cache.allocate() first")
-            held = [idx] if state_indices is None or state_indices is idx else [state_indices, idx]
-            self._checked = _Checked(tuple((t, version_of(t)) for t in held), idx, self._epoch, values)
+        if compiling:
+            return torch.ops.attnrnn_nn.checked_slots(idx, self._allocated, name)
+        _check_slot_values(values, self._allocated.tolist(), name)
+        held = [idx] if state_indices is None or state_indices is idx else [state_indices, idx]
+        self._checked = _Checked(tuple((t, version_of(t)) for t in held), idx, self._epoch, values)
         return idx
 
     def _slots_of(self, idx: torch.Tensor) -> List[int]:

@@ -13,7 +13,7 @@ import torch
 
 from . import _ops
 from ._ops import ops
-from .._args import as_flag as _flag, check_tensor as _check_tensor
+from .._args import as_flag as _flag, as_int as _int, check_tensor as _check_tensor
 from .._args import resolve_scale as _scale, scale_of as _scale_of
 
 
@@ -85,13 +85,19 @@ def softmax_attn_step(
     over the whole sequence is).
     """
     # The common call (plain tensors) takes the fewest Python steps: on an idle GPU the host's time
-    # before the launch is part of each decoding step's time. The operator refuses gradients itself.
+    # before the launch is part of each decoding step's time.
     if not (isinstance(q, torch.Tensor) and isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor)
             and isinstance(cache_seqlens, torch.Tensor)):
         for x, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (cache_seqlens, "cache_seqlens")):
             _check_tensor(x, name)
     if (k_new is None) != (v_new is None):
         raise ValueError("k_new and v_new must be given together")
+    if torch.is_grad_enabled():
+        for x, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (k_new, "k_new"), (v_new, "v_new")):
+            if x is not None and x.requires_grad:
+                raise ValueError(f"{name} requires grad, but softmax_attn_step writes the caches in place and is not "
+                                 "differentiable; run it under torch.no_grad(), or use streaming_attn over the whole "
+                                 "sequence for gradients")
     four_d = q.dim() == 4
     if four_d:
         if q.shape[1] != 1:
@@ -105,19 +111,15 @@ def softmax_attn_step(
                 raise ValueError("k_new and v_new must be [B, Hkv, D] or [B, 1, Hkv, D], got shapes "
                                  f"{list(k_new.shape)} and {list(v_new.shape)}")
             k_new, v_new = k_new[:, 0], v_new[:, 0]
-    if split_size is None:
-        split = 0
-    elif isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1:
-        raise ValueError(f"split_size must be a positive int or None, got {split_size!r}")
-    else:
-        split = split_size
+    split = 0 if split_size is None else _int(split_size, "split_size", 1)
     o = _ops.softmax_attn_step(q, k_cache, v_cache, cache_seqlens, k_new, v_new, _scale_of(scale, q), split)
     return o.unsqueeze(1) if four_d else o
 
 
 def reference_attn(q, k, v, *, scale=None, causal=True, cu_seqlens=None):
     """The same math in plain PyTorch (explicit Tq x Tk softmax, in the inputs' dtype, any dtype
-    including float64): returns (o, lse) with o = 0 and lse = -inf for a query that sees no key."""
+    including float64): returns (o, lse) with o = 0 and lse = -inf for a query that sees no key.
+    A masked matrix product: a NaN or Inf in a key's value reaches the queries before that key too."""
     if cu_seqlens is not None:
         outs, lses = [], []
         cu = cu_seqlens.tolist()

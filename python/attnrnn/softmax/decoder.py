@@ -15,6 +15,7 @@ from typing import List, Optional
 import torch
 from torch import nn
 
+from .._args import as_int, check_tensor
 from .._host_copy import HostCopy
 from .attn import softmax_attn_step, streaming_attn
 
@@ -24,7 +25,9 @@ class Block(nn.Module):
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, mlp_mult: int = 4):
         super().__init__()
-        if n_heads < 1 or n_kv_heads < 1 or dim % n_heads or n_heads % n_kv_heads:
+        for value, name in ((dim, "dim"), (n_heads, "n_heads"), (n_kv_heads, "n_kv_heads"), (mlp_mult, "mlp_mult")):
+            as_int(value, name, 1)
+        if dim % n_heads or n_heads % n_kv_heads:
             raise ValueError(f"n_heads must divide dim and n_kv_heads must divide n_heads, got dim={dim}, "
                              f"n_heads={n_heads}, n_kv_heads={n_kv_heads}")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, dim // n_heads
@@ -59,12 +62,30 @@ class TinyTransformer(nn.Module):
     def __init__(self, vocab: int = 256, dim: int = 64, n_layers: int = 2, n_heads: int = 4,
                  n_kv_heads: Optional[int] = None, max_len: int = 4096, mlp_mult: int = 4):
         super().__init__()
-        self.max_len = max_len
+        for value, name in ((vocab, "vocab"), (n_layers, "n_layers"), (max_len, "max_len")):
+            as_int(value, name, 1)
+        as_int(n_kv_heads, "n_kv_heads", 1, allow_none=True)
+        self.vocab, self.max_len = vocab, max_len
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(max_len, dim)
         self.layers = nn.ModuleList(Block(dim, n_heads, n_kv_heads or n_heads, mlp_mult) for _ in range(n_layers))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
+
+    def check_ids(self, ids, name: str = "ids", start: int = 0, read_values: bool = True) -> None:
+        """ids: an int tensor [B, T] (T >= 1) at positions start..start+T-1 < max_len, with values in
+        [0, vocab) (read only with read_values: on CUDA that is a device read)."""
+        check_tensor(ids, name)
+        if ids.dim() != 2 or ids.shape[1] < 1 or ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be an int32/int64 tensor [B, T] with T >= 1, got {ids.dtype} "
+                             f"{list(ids.shape)}")
+        if start + ids.shape[1] > self.max_len:
+            raise ValueError(f"{name}: positions up to {start + ids.shape[1] - 1} exceed the model's max_len="
+                             f"{self.max_len}")
+        if read_values and ids.numel():
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= self.vocab:
+                raise ValueError(f"{name} must lie in [0, vocab={self.vocab}), got values in [{lo}, {hi}]")
 
     def embed(self, ids, start: int = 0):  # ids [B, T] at positions start..start+T-1
         pos = torch.arange(start, start + ids.shape[1], device=ids.device)
@@ -74,6 +95,7 @@ class TinyTransformer(nn.Module):
         return self.head(self.norm(x))
 
     def forward(self, ids):  # [B, T] -> logits [B, T, vocab]
+        self.check_ids(ids)
         x = self.embed(ids)
         for blk in self.layers:
             x = blk(x)
@@ -84,9 +106,12 @@ class KVCacheDecoder:
     """Decoding with a KV cache per layer ([B, max_len, Hkv, Dh]; softmax_attn_step appends)."""
 
     def __init__(self, model: TinyTransformer, batch: int, max_len: Optional[int] = None):
+        if not isinstance(model, TinyTransformer):
+            raise TypeError(f"model must be a TinyTransformer, got {type(model).__name__}")
+        self.batch = as_int(batch, "batch", 1)
+        L = model.max_len if max_len is None else as_int(max_len, "max_len", 1, model.max_len)
         self.model = model
         p = next(model.parameters())
-        L = max_len or model.max_len
         self.k = [torch.zeros(batch, L, b.n_kv_heads, b.head_dim, device=p.device, dtype=p.dtype) for b in model.layers]
         self.v = [torch.zeros_like(c) for c in self.k]
         self.lens = torch.zeros(batch, dtype=torch.int32, device=p.device)
@@ -94,8 +119,16 @@ class KVCacheDecoder:
         # wrote lens.
         self._position = HostCopy()
 
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[1]
+
     @torch.no_grad()
-    def prefill(self, ids):  # -> logits of the next token [B, vocab]
+    def prefill(self, ids):  # ids [batch, T], 1 <= T <= max_len -> logits of the next token [batch, vocab]
+        self.model.check_ids(ids)
+        if ids.shape[0] != self.batch or ids.shape[1] > self.max_len:
+            raise ValueError(f"ids must be [batch={self.batch}, T] with T <= max_len={self.max_len}, got "
+                             f"{list(ids.shape)}")
         m, T = self.model, ids.shape[1]
         x = m.embed(ids)
         for i, blk in enumerate(m.layers):
@@ -107,9 +140,18 @@ class KVCacheDecoder:
         return m.logits(x[:, -1])
 
     @torch.no_grad()
-    def step(self, token):  # token [B] -> logits of the next token [B, vocab]
+    def step(self, token):  # token [batch] -> logits of the next token [batch, vocab]
+        """Appends one token per sequence. Its values are checked when token is on the CPU (on CUDA
+        that would be a device read per step)."""
         m = self.model
+        check_tensor(token, "token")
+        if token.shape != (self.batch,):
+            raise ValueError(f"token must be [batch={self.batch}], got {list(token.shape)}")
         pos = self._position.get(self.lens, lambda lens: int(lens[0]))  # equal lengths in the batch
+        if pos >= self.max_len:
+            raise ValueError(f"token: the KV cache is full (max_len={self.max_len} tokens); build the decoder with a "
+                             "larger max_len")
+        m.check_ids(token[:, None], "token", pos, read_values=not token.is_cuda)
         x = m.embed(token[:, None], pos)[:, 0]
         for i, blk in enumerate(m.layers):
             k, v = blk.kv(x)
@@ -144,10 +186,10 @@ class NoCacheDecoder:
     """
 
     def __init__(self, model: TinyTransformer, block_size: int = 64):
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        if not isinstance(model, TinyTransformer):
+            raise TypeError(f"model must be a TinyTransformer, got {type(model).__name__}")
         self.model = model
-        self.block = block_size
+        self.block = as_int(block_size, "block_size", 1)
         self.calls = 0  # _hidden evaluations (for the cost model)
 
     def _hidden(self, level: int, ids, start: int, end: int):
@@ -177,14 +219,19 @@ class NoCacheDecoder:
         return blk.finish(x, o)
 
     @torch.no_grad()
-    def next_logits(self, ids):  # ids [B, T] (T >= 1) -> logits [B, vocab]
+    def next_logits(self, ids):  # ids [B, T] (1 <= T <= max_len) -> logits [B, vocab]
+        self.model.check_ids(ids)
         T = ids.shape[1]
         x = self._hidden(len(self.model.layers), ids, T - 1, T)
         return self.model.logits(x[:, -1])
 
     @torch.no_grad()
     def generate(self, ids, steps: int) -> torch.Tensor:
-        """Greedy decoding: appends `steps` tokens to ids [B, T]."""
+        """Greedy decoding: appends `steps` (>= 0) tokens to ids [B, T]; T + steps <= max_len."""
+        as_int(steps, "steps", 0)
+        self.model.check_ids(ids)
+        if ids.shape[1] + steps > self.model.max_len:
+            raise ValueError(f"steps: {ids.shape[1]} + {steps} tokens exceed the model's max_len={self.model.max_len}")
         for _ in range(steps):
             nxt = self.next_logits(ids).argmax(-1, keepdim=True)
             ids = torch.cat([ids, nxt], 1)
