@@ -8,7 +8,7 @@
 Per training shape and normalize mode: forward and forward+backward time of attnrnn, the plain
 PyTorch chunked version and (on CUDA, when loaded) fla chunk / fused_chunk, each after one untimed
 warm-up call (Triton autotuning, lazy workspaces); on CUDA also the peak memory of one
-forward+backward. Per decode shape: one step. Then ratios, % of the memory floor and the issue's
+forward+backward. Per decode shape: one step. Then ratios, % of the memory floor and the
 targets (bench/report.py), computed from the medians.
 """
 import argparse
@@ -208,7 +208,7 @@ def environment(device, fla):
 def finish(rows, env, dtype, out, png=None):
     """Derived fields, targets, JSON, tables and (optionally) the plot."""
     report.add_ratios(rows)
-    checks = report.targets(rows, dtype) if env.get("gpu") else []  # the issue's targets are the H200's
+    checks = report.targets(rows, dtype) if env.get("gpu") else []  # the targets are the H200's
     doc = {"env": env, "dtype": dtype, "rows": rows, "targets": checks, "targets_summary": report.summary(checks)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))

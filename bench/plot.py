@@ -5,7 +5,7 @@
 One panel per training shape (forward and forward+backward, normalize False / True), one panel
 for the decode step; log time axis; above each attnrnn bar the faster fla variant's time / ours
 ("2.10x fla": ours is 2.1 times faster; below 1, slower) — or / plain PyTorch's when the run has no
-fla; and a panel listing the issue's targets with their verdicts. Several JSON files are joined
+fla; and a panel listing the targets with their verdicts. Several JSON files are joined
 (later files win on the same row). Needs matplotlib; without it, prints so and skips.
 """
 import json
@@ -75,7 +75,7 @@ def _bars(ax, groups, rows_by_key, impls):
 
 def _targets_text(ax, checks):
     ax.axis("off")
-    lines = ["Targets (issue 3), from the medians above:"]
+    lines = ["Targets, from the medians above:"]
     for c in checks:
         verdict = {True: "PASS", False: "FAIL", None: "n/a"}[c["passed"]]
         unit = {"x": "x", "%": "%", "ratio": ""}[c["unit"]]

@@ -1,7 +1,7 @@
 """The shapes we benchmark, in one place.
 
 Training shapes are (B, T, H, D) with K = V = D; decode shapes are (B, H, D) with an fp32 state.
-GPU shapes follow docs/design.md §5; CPU shapes are the issue's 2-core targets.
+GPU shapes follow docs/design.md §5; CPU shapes are the 2-core targets.
 """
 from dataclasses import dataclass
 

@@ -1,4 +1,4 @@
-"""What is derived from measured rows: ratios to the baselines, the issue's targets, the tables.
+"""What is derived from measured rows: ratios to the baselines, the targets, the tables.
 
 Everything here is a pure function of the rows that `python -m bench` writes (so `--merge` can
 recompute it from several runs' JSON), and every verdict is computed from the measured medians.
@@ -7,7 +7,7 @@ recompute it from several runs' JSON), and every verdict is computed from the me
 FLA_TRAIN = ("fla_chunk", "fla_fused_chunk")
 MIB = 1 << 20
 
-# The issue's targets (H200, bf16, medians, baselines measured in the same run).
+# The targets (H200, bf16, medians, baselines measured in the same run).
 FWD_PLAIN_VS_FLA_BEST = 1.5    # forward, normalize=False, vs the faster of fla chunk / fused_chunk
 FWD_NORM_VS_FLA_CHUNK = 4.0    # forward, normalize=True, vs fla chunk normalize=True
 FWDBWD_VS_FLA_CHUNK = 3.0      # forward+backward vs fla chunk, each normalize mode
@@ -66,7 +66,7 @@ def _verdict(measured, required, at_least=True):
 
 
 def targets(rows, dtype):
-    """The issue's targets as a list of checks: measured value, required value, passed (None when
+    """The targets as a list of checks: measured value, required value, passed (None when
     a number it needs was not measured, e.g. no fla in this run)."""
     ms = _ms(rows)
     out = []

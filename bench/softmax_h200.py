@@ -1,5 +1,5 @@
 """Softmax attention on the GPU: attnrnn's CUDA kernels against PyTorch SDPA with the flash
-backend forced, in one process, bf16 (issue 5's targets).
+backend forced, in one process, bf16, against the softmax targets.
 
     python -m bench.softmax_h200 --out $OUT/softmax_h200.json --png $OUT/softmax_h200.png
 
@@ -114,7 +114,7 @@ def table(rows_train, rows_dec, row_long, bandwidth):
     for r in rows_dec + [row_long]:
         lines.append(f"B{r['B']:<3} H{r['H']} D{r['D']} L{r['L']:<7} {r['ours_ms']:8.3f} {r['ours_append_ms']:8.3f} "
                      f"{r['sdpa_ms']:8.3f}  {r['ratio']:5.2f} | {r['ours_pct_floor']:5.1f} / {r['sdpa_pct_floor']:5.1f}")
-    lines.append("('!' marks a ratio past the issue's target: fwd 1.5, fwd+bwd 2.0, decode 1.15; long decode >= 80% floor)")
+    lines.append("('!' marks a ratio past its target: fwd 1.5, fwd+bwd 2.0, decode 1.15; long decode >= 80% floor)")
     return "\n".join(lines)
 
 

@@ -1,7 +1,7 @@
 // How the CUDA softmax-attention kernels cut their work, where the host must know it before the
 // launch: the decode step's split of the cache and the scratch both ops need. Pure C++ (no CUDA
 // headers): softmax_workspace.cpp sizes the caller's workspace with it, and the CUDA launchers
-// (csrc/cuda/softmax_launch.cuh) use the same numbers, so the two cannot disagree.
+// (csrc/cuda/softmax/launch.cuh) use the same numbers, so the two cannot disagree.
 #pragma once
 
 #include <algorithm>

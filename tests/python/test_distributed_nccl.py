@@ -1,5 +1,5 @@
 """context_parallel_linear_attn on its NCCL code path with one GPU (world size 1): what a one-GPU
-machine can show of the multi-GPU path (the 2/4-GPU runs are issue 7). With one rank the result
+machine can show of the multi-GPU path (test_distributed.py runs 2 and 4 ranks). With one rank the result
 must equal the single-process op, forward and backward, for both schemes and both combines.
 Skipped without CUDA and NCCL."""
 import os

@@ -18,16 +18,16 @@ CASES = [
     Case(1, 130, 2, 64, torch.float16, V=128, initial_state=True, final_state=True),
     # one block, 32 chunks: the two-pass segment split
     Case(1, 2048, 1, 64, torch.bfloat16, initial_state=True, final_state=True),
-    # K = V = 128 with normalize, GQA and two passes (the 64-token sweeps, chunk_wg)
+    # K = V = 128 with normalize, GQA and two passes (the 64-token wgmma sweeps)
     Case(1, 2048, 2, 128, torch.bfloat16, Hkv=1, initial_state=True, final_state=True),
-    # the same without the normalizer (dk and dv in one sweep, chunk_wg_dkv, after dv's pass 1 on
-    # chunk_wg_state_kernel), and K = V = 64 (the fused dk + dv sweep's pass 1 there), dk and dv
+    # the same without the normalizer (dk and dv in one sweep, wgmma_grad_kv_kernel, after dv's pass 1
+    # on segment_state_kernel), and K = V = 64 (the fused dk + dv sweep's pass 1 there), dk and dv
     # summing a group's heads
     Case(1, 2048, 2, 128, torch.bfloat16, Hkv=1, feature_map=None, normalize=False),
     Case(1, 2048, 2, 64, torch.bfloat16, Hkv=1, feature_map=None, normalize=False),
     # the fused dk + dv sweep at K = V = 128 with one query head per kv head (its kOneHead variant)
     Case(1, 2048, 1, 128, torch.bfloat16, feature_map=None, normalize=False),
-    # 128 blocks per sweep: every sweep on 128-token chunks (chunk_wg_pair) on a GPU of 128 to 255 SMs
+    # 128 blocks per sweep: every sweep on 128-token chunks (wgmma_pair_scan_kernel) on a GPU of 128 to 255 SMs
     Case(16, 130, 4, 128, torch.bfloat16, initial_state=True, final_state=True),
 ]
 
@@ -35,7 +35,7 @@ CASES = [
 # The recurrent form runs the generic kernels with one-token chunks and no segment split: their grid
 # and code do not depend on T, which adds only turns of the same loop. Under racecheck a token costs
 # ~0.2 s (B1-T2048-H1-K64 took ~400 s; the T = 2048 cases with K = 128 or GQA did not finish in 390 s
-# each, the twenty-ninth session), so the recurrent tour takes the long cases at T = RECURRENT_T.
+# each), so the recurrent tour takes the long cases at T = RECURRENT_T.
 RECURRENT_T = 256
 TOUR = [("chunk", c) for c in CASES] + [("recurrent", c if c.T <= RECURRENT_T else c.replace(T=RECURRENT_T))
                                         for c in CASES]

@@ -97,7 +97,7 @@ __device__ __forceinline__ void wg_mma_rs(float (&d)[32], const uint32_t (&a)[4]
 }
 
 // d (+)= A B on an m64n8k16 product (B [k16 x 8]), both operands in shared memory: the normalizer's
-// sums (wgmma_sums.cuh). d holds rows wg_acc_row(t, i), columns wg_acc_col(t, i) for i < 4.
+// sums (wgmma_normalizer.cuh). d holds rows wg_acc_row(t, i), columns wg_acc_col(t, i) for i < 4.
 template <class T, int TransA, int TransB>
 __device__ __forceinline__ void wg_mma_n8_ss(float (&d)[4], uint64_t a, uint64_t b, int accumulate) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {

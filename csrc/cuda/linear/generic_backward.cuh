@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kBwdThreads) generic_grad_q_kernel(const Chunk
       const int kk = i / V, v = i % V;
       if (kk >= bk) continue;
       A acc = S[kk * VP + v];
-      // written out: see chunk_generic.cuh
+      // written out: see generic_dot.cuh
       for (int j = 0; j < cl; ++j) acc += Ks[j * KP + k0 + kk] * Vs[j * V + v];
       S[kk * VP + v] = acc;
     }
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kBwdThreads) generic_grad_k_kernel(const Chunk
     for (int i = tid; i < C * BK; i += kBwdThreads) {
       const int s = i / BK, kk = i % BK;
       A acc = dz[kk];
-      for (int v = 0; v < V; ++v) acc += dS[kk * VP + v] * Vs[s * V + v];  // written out: see chunk_generic.cuh
+      for (int v = 0; v < V; ++v) acc += dS[kk * VP + v] * Vs[s * V + v];  // written out: see generic_dot.cuh
       dK[i] = acc;
     }
     for (int64_t h = g * G; h < (g + 1) * G; ++h) {
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(kBwdThreads) generic_grad_k_kernel(const Chunk
         A a = 0;
         if (j <= t) {
           a = dd[t];
-          for (int v = 0; v < V; ++v) a += dN[t * V + v] * Vs[j * V + v];  // written out: see chunk_generic.cuh
+          for (int v = 0; v < V; ++v) a += dN[t * V + v] * Vs[j * V + v];  // written out: see generic_dot.cuh
         }
         dA[t * CP + j] = a;
       }
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kBwdThreads) generic_grad_k_kernel(const Chunk
       }
       for (int kk = tid; kk < BK; kk += kBwdThreads) {
         A acc = dz[kk];
-        for (int t = 0; t < cl; ++t) acc += Qs[t * QP + kk] * dd[t];  // written out: see chunk_generic.cuh
+        for (int t = 0; t < cl; ++t) acc += Qs[t * QP + kk] * dd[t];  // written out: see generic_dot.cuh
         dz[kk] = acc;
       }
     }
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kBwdThreads) generic_grad_v_kernel(const Chunk
     for (int i = tid; i < C * BV; i += kBwdThreads) {
       const int s = i / BV, v = i % BV;
       A acc = 0;
-      for (int k = 0; k < K; ++k) acc += Ks[s * KP + k] * dS[k * BV + v];  // written out: see chunk_generic.cuh
+      for (int k = 0; k < K; ++k) acc += Ks[s * KP + k] * dS[k * BV + v];  // written out: see generic_dot.cuh
       dV[i] = acc;
     }
     for (int64_t h = g * G; h < (g + 1) * G; ++h) {

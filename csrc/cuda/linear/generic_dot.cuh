@@ -1,4 +1,5 @@
-// The inner sums shared by the generic (CUDA-core) chunk kernels, chunk_fwd.cuh and chunk_bwd.cuh.
+// The inner sums shared by the generic (CUDA-core) chunk kernels, generic_forward.cuh and
+// generic_backward.cuh.
 //
 // Each element those kernels compute (a score, a denominator, an output, a state entry, or their
 // gradients) is a dot product of a row or a column of one shared-memory tile with a row or a

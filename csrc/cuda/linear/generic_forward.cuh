@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kFwdThreads) generic_forward_kernel(const Chun
       if (p.normalize) {
         for (int t = tid; t < C; t += kFwdThreads) {
           A d = eps;
-          for (int k = 0; k < K; ++k) d += Qs[t * KP + k] * z[k];  // written out: see chunk_generic.cuh
+          for (int k = 0; k < K; ++k) d += Qs[t * KP + k] * z[k];  // written out: see generic_dot.cuh
           d = sum(d, As + t * CP, 1, t + 1);
           den[t] = d;
           if (p.den_out != nullptr && blockIdx.y == 0 && t < cl)  // w for the backward (den_out)

@@ -3,12 +3,12 @@
 // (dout'' = scale * dout, summed over a group's query heads):
 //   dv_t = phi(k_t) dS + sum_{s >= t in the chunk} (phi(k_t) . phi(q_s)) dout''_s
 //   dk_t = (v_t dS^T   + sum_{s >= t in the chunk} (v_t . dout''_s) phi(q_s)) * phi'(k_t)
-// chunk_wg.cuh's separate dv and dk sweeps each read four tensors and write one; this one reads q, k,
+// scan_wgmma.cuh's separate dv and dk sweeps each read four tensors and write one; this one reads q, k,
 // v and dout once and writes dk and dv: six tensors of traffic for eight.
 // One block of two warpgroups per (sequence [x segment], kv head): warpgroup 0 makes dv, warpgroup 1
 // dk, each all 128 of its columns (two accumulators of 64), so that each step's scores are made
 // once. The state is split by columns: warpgroup w keeps S_w = dS[:, 64 w .. 64 w + 64) ([128
-// dims][64 columns] fp32 in registers, what chunk_wg.cuh's dv block of output tile w holds) and
+// dims][64 columns] fp32 in registers, what scan_wgmma.cuh's dv block of output tile w holds) and
 // publishes it as 16-bit hi + lo tiles, from which both read all of dS. A step is one (chunk of 64
 // tokens, query head) pair, in reverse sweep order:
 //   warpgroup 0  P  = mask(K Q^T)                  s >= t, inner dim K
@@ -17,12 +17,12 @@
 //                Odk_c = V dS^T_c,hi + V dS^T_c,lo + P' Q_c      dS^T_c: dS's rows [64 c, 64 c + 64)
 //   both         S_w += Q^T dout''_w               every head
 // K dS and V dS^T enter once per chunk (its first head), the scores' products every head. dv's
-// products, their order and its state are those of chunk_wg.cuh's dv sweep at DI = 128, so dv is
+// products, their order and its state are those of scan_wgmma.cuh's dv sweep at DI = 128, so dv is
 // bitwise the same; dk sums the same terms in another order. With one query head per kv head
 // (kOneHead) every step is a chunk's first and last head: the state products are issued right
 // behind the scores' and run while the scores are masked, and the outputs are written while the
 // state moves. A split's pass 1 is dv's state pass (its partials, in dv's layout: output tile w of
-// two), launched by launch_wg_dkv128.
+// two), launched by backward.cuh's run_grad_kv_128.
 #pragma once
 
 #include <type_traits>
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(WgmmaGradKvLayout::threads, 1)
   const float scale = static_cast<float>(p.scale);
   const int64_t state_row = n * Hkv + g;
   auto mat_index = [&](int d, int c) { return (state_row * K + d) * V + c0 + c; };
-  // Segment j's partial of this warpgroup's columns, in dv's layout (launch_sweep's grid with two
+  // Segment j's partial of this warpgroup's columns, in dv's layout (run_sweep's grid with two
   // output tiles: segment_state_kernel wrote it)
   auto partial_at = [&](int j) {
     const int64_t N = gridDim.x / split.segments;

@@ -1,5 +1,5 @@
-// The backward's per-token weights from the forward's saved w (ChunkArgs::den_in), in place
-// of the den sweep of chunk_tc.cuh: for every (token, query head) row,
+// The backward's per-token weights from the forward's saved w (ChunkArgs::den_in), for every
+// (token, query head) row,
 //   w_t  = scale / den_t             (as the forward saved it)
 //   dd_t = -(dout_t . o_t) w_t       the denominator's gradient, scaled as the sweeps expect
 // into the workspace arrays the dq, dk and dv sweeps read (BwdWorkspace). Rows are independent, so

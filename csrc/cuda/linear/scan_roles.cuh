@@ -57,26 +57,24 @@ struct MmaLayout {
   static constexpr int64_t bytes(int t_size) { return int64_t(t_elems) * t_size + int64_t(f_elems) * 4; }
 };
 
-// A feature map's phi(q) and phi(k), in one of two ways (neither with the identity map):
-// - q, k: computed once per call into the workspace (views with null data otherwise) and read by the
-//   sweeps as their q and k. chunk_tc's own transform of each staged tile (tc_transform_tile, a pass
-//   over shared memory between two barriers, in every column tile's block) made it 2.4-3.8x slower
-//   than the identity map (H200, bf16, B1 T65536 H16 D128 forward: identity 1.45 ms, relu 3.47, elu1
-//   5.44 on randn inputs), where the separate pass reads and writes q and k once.
+// A feature map's phi(q) and phi(k), in one of two ways (neither with the identity map; plan.h's
+// Features):
+// - q, k: written once per call into the workspace by the feature pass (features.cuh; views with
+//   null data otherwise) and read by the sweeps as their q and k.
 // - relu_in_sweep: with relu, the wgmma sweeps read raw q and k and apply it in place to the pieces
 //   of their tiles that each thread copied itself, after its cp.async wait and before the step's one
 //   barrier (wg_relu_rows): no pass over the tensors and no barrier of its own. elu1 keeps the pass:
-//   its exp there, on the step's chain, made the sweeps slower than the pass (launch_plan.cuh).
-//   chunk_tc still transforms its tiles itself (q.data null).
+//   its exp there, on the step's chain, made the sweeps slower than the pass (features.cuh).
+//   mma_scan_kernel can still transform its tiles itself (tc_transform_tile, q.data null), which no
+//   plan asks of it.
 struct ScanFeatures {
   ConstView q, k;
   bool relu_in_sweep = false;
 };
 
-// The rows the backward's epilogues take phi' from (wg_write_rows, chunk_tc's): phi(x) where the
-// feature pass wrote it or the backward was given it (phi_given), which a feature map other than
-// relu in the wgmma sweeps always has there, else the raw input x (relu applied in the sweeps, whose
-// phi' reads alike from either).
+// The rows the backward's epilogues take phi' from (wg_write_rows, mma_scan_kernel's): phi(x) where
+// the feature pass wrote it, which a feature map other than relu in the wgmma sweeps always has
+// there, else the raw input x (relu applied in the sweeps, whose phi' reads alike from either).
 __device__ __forceinline__ ConstView dphi_rows(const ConstView phi, const ConstView raw) {
   return phi.data != nullptr ? phi : raw;
 }
@@ -102,15 +100,14 @@ struct SegmentSplit {
   int segments = 1;
   int seg_chunks = 1 << 30;  // chunks per segment, in sweep order
   bool state_only = false;
-  float* partial = nullptr;  // [segments][N][Hkv][tiles][tc_partial_floats] (chunk_wg: WgmmaLayout's)
+  float* partial = nullptr;  // [segments][N][Hkv][tiles][tc_partial_floats] (wgmma: WgmmaLayout's)
   // dv's pass 1 on segment_state_kernel (unnormalized, K = V = 128) also writes its states
   // transposed here, in the same layout: dk's partials, whose own pass 1 is then skipped
-  // (launch_chunk_bwd_tc, shared_dkv_state_pass). The forward's writes dq's for the backward
-  // (params.segment_states_out, fwd_states_for_dq_floats).
+  // (GradKv::kSharedFirstPass). The forward's writes dq's into the saved buffer (plan.h).
   float* partial_t = nullptr;
 
   // Segment j's partial of the block of sequence n, kv head g and output tile `tile` of `tiles`, in
-  // launch_sweep's grid (sequences x segments x tiles, kv heads): where pass 1 writes it and pass 2
+  // run_sweep's grid (sequences x segments x tiles, kv heads): where pass 1 writes it and pass 2
   // reads it. partial_in: the same place in another buffer of this layout (partial_t).
   __device__ __forceinline__ float* partial_in(float* base, int j, int64_t n, int64_t g, int64_t Hkv, int tiles,
                                                int tile, int64_t floats) const {
@@ -139,7 +136,7 @@ constexpr int64_t tc_partial_floats() {
 // partials of the segments before this one ([d][c] rows of `cols` floats). for_each_state(f) calls
 // f(x, d, c) on each state element the thread holds, unrolled; the loop over segments stays outside
 // it: a runtime loop inside every unrolled element spread the prologue over ~200 KB of code, and its
-// instruction-cache misses cost the 64-token forward ~5% (ncu's no_inst stalls, docs/gpu_runs.md).
+// instruction-cache misses cost the 64-token forward ~5% (ncu's no_inst stalls).
 template <class ForEachState, class MatIndex, class PartialAt>
 __device__ __forceinline__ void load_initial_state(const ForEachState& for_each_state, const float* S0,
                                                    const MatIndex& mat_index, const PartialAt& partial_at,

@@ -1,5 +1,5 @@
 // Chunkwise causal linear attention on warpgroup MMA (wgmma, sm_90a): the forward and the dq, dk, dv
-// sweeps of the backward (the roles of chunk_tc.cuh; the den sweep stays there), bf16/fp16, inner
+// sweeps of the backward (the roles of scan_roles.cuh), bf16/fp16, inner
 // dim DI in {64, 128}. One warpgroup (128 threads) per (sequence [x segment], 64 output columns, kv
 // head). A step is one (chunk of 64 tokens, query head) pair, in sweep order. With the role's row
 // operand A and column operand B as DI / 64 swizzled 64 x 64 tiles each (wgmma.cuh; tile h holds dims
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
     unsigned char* Vt = Ct + kWgTileBytes;  // the fused sweep's fourth tile
     float* dd_cols = fl + L::dd + (i % NS) * C;  // dk: dd (/ w when it scales phi(q)) of the step's tokens
     // relu on this thread's own pieces of the q and k tiles (ScanFeatures::relu_in_sweep), before w scales them.
-    // Not in the fused dk + dv sweep with the normalizer (relu_in_sweep_planned): there it made ptxas
+    // Not in the fused dk + dv sweep with the normalizer (the plan's Features::kPass): there it made ptxas
     // load a spilled register in every step.
     if constexpr (!(kDkv && WithNormalizer)) {
       if (!split.state_only && relu_in_sweep(feat, Info::a)) wg_relu_rows<T>(At, DI, s.cl, tid);

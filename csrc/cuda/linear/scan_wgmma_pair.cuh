@@ -1,19 +1,19 @@
 // The sweeps with inner dim 128 on 128-token chunks and a pair of warpgroups (wgmma, sm_90a): the
 // forward at K = 128 and the backward's dq, dk, dv at inner dim 128 (dq, dk: V; dv: K). Half the
-// steps of chunk_wg.cuh's sweeps for ~1.3x the products per step, so the chain of copies, waits and
+// steps of scan_wgmma.cuh's sweeps for ~1.3x the products per step, so the chain of copies, waits and
 // barriers that sets a step's time is paid once per 128 tokens (docs/design.md, "What would get
 // there", item 4). One block of 256 threads per (sequence [x segment], 64 output columns, kv head);
 // a step is one (chunk of 128 tokens, query head) pair, in sweep order. With the role's operands A,
-// B, Cv as in chunk_wg.cuh (RoleInfo), warpgroup w owns the chunk's rows [64 w, 64 w + 64) of A and
+// B, Cv as in scan_wgmma.cuh (RoleInfo), warpgroup w owns the chunk's rows [64 w, 64 w + 64) of A and
 // the state's dims [64 w, 64 w + 64) (S_w, 64 x 64 fp32 in registers):
 //   P_wb = mask(A_w B_b^T)   over the row blocks b of B that can see rows w of A: b <= w on forward
 //                            sweeps (s <= t), b >= w on reverse ones (s >= t); block w is the diagonal
 //   O_w  = A_w S_hi + A_w S_lo + sum_b P_wb Cv_b    S_hi / S_lo: both halves, published as tiles
 //   S_w += B[:, dims of w]^T Cv   over the chunk's 128 tokens: after a chunk's last head (forward,
 //                                 dq), after every head (dk, dv: they sum over a group's heads)
-// The role's extra terms are those of chunk_wg.cuh (its header). The two warpgroups meet at the
+// The role's extra terms are those of scan_wgmma.cuh (its header). The two warpgroups meet at the
 // state: each publishes its half, and both read all of it in the next step's A S (two block barriers
-// per step, as chunk_wg.cuh has per 64 tokens).
+// per step, as scan_wgmma.cuh has per 64 tokens).
 #pragma once
 
 #include <type_traits>
@@ -37,7 +37,7 @@ struct WgmmaPairLayout {
   static constexpr int z_floats = 64 * KT;
   // floats after the state tiles: dk's dd (or dd / w) [stages][128], then dq's / dk's z on the output
   // columns. The forward has there a tile of ones [8][64] and z's split tile [8][128], the B operands
-  // of its column sums and of a . z (wgmma_sums.cuh; 1 KiB-aligned like every tile), then z in fp32
+  // of its column sums and of a . z (wgmma_normalizer.cuh; 1 KiB-aligned like every tile), then z in fp32
   // (fp16's a . z).
   static constexpr int dd = 0, z = stages * chunk;
   static constexpr int ones = 0, zsplit = ones + 256, z_fp32 = zsplit + KT * 256, floats = z_fp32 + z_floats;
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(WgmmaPairLayout::threads, 1)
   unsigned char* ones = reinterpret_cast<unsigned char*>(fl + L::ones);
   unsigned char* zsplit = reinterpret_cast<unsigned char*>(fl + L::zsplit);
   float* z_fp32 = fl + L::z_fp32;
-  // The forward runs with WithNormalizer == p.normalize (launch.cuh, check_normalize_mode): its
+  // The forward runs with WithNormalizer == p.normalize (sweep.cuh, check_normalize_mode): its
   // normalizer's products are chosen at compile time, since a branch inside a product group
   // serializes it (C7519, C7515).
   constexpr bool kFwdNorm = kFwd && WithNormalizer, kSplitZ = kFwdNorm && std::is_same_v<T, __nv_bfloat16>;
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(WgmmaPairLayout::threads, 1)
   auto head_of = [&](Operand src, const Step& s) { return per_query_head(src) ? s.h : g; };
   // The backward's per-token weights of a step, loaded before its tiles are waited for: w of the rows
   // this thread copies (dv scales its pieces of the dout tile, dk those of dout or phi(q)), dq's w and
-  // dd of its two accumulator rows, divided after the scores' product (as in chunk_wg.cuh: dq's dout
+  // dd of its two accumulator rows, divided after the scores' product (as in scan_wgmma.cuh: dq's dout
   // stays as loaded); dk's dd (one per score column) comes with the tiles into shared memory.
   struct Weights {
     float w[4], dd[2], wr[2];
@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(WgmmaPairLayout::threads, 1)
       for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O, pa[i][j], wg_descriptor(Ct + (b0 + i) * kWgTileBytes, 2048 * j), 1);
     wg_commit();
     // The backward's sweeps write their epilogue while the update runs (B4-T8192-H16-D128: dq, dk, dv
-    // 1.5-3.5% faster); the forward after it (7% slower in its shadow; bench/results/raw/h200_pair_reorder_ab_s16.txt).
+    // 1.5-3.5% faster); the forward after it (7% slower in its shadow).
     if constexpr (kEpilogueUnderUpdate) update_state();
     wg_wait<kEpilogueUnderUpdate ? 1 : 0>();  // P Cv
     wg_hold(O);

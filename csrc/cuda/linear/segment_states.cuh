@@ -60,7 +60,7 @@ template <ScanRole R, bool WithNormalizer>
 constexpr bool kHasSegmentStateKernel = R == ScanRole::kForward || R == ScanRole::kGradQ || R == ScanRole::kGradK ||
                                  R == ScanRole::kGradV || (R == ScanRole::kGradKV && !WithNormalizer);
 
-// Grid as launch_sweep's: (sequences x segments x output tiles, kv heads); chunk: the tokens per
+// Grid as run_sweep's: (sequences x segments x output tiles, kv heads); chunk: the tokens per
 // chunk of pass 2 (64, or 128 for wgmma_pair_scan_kernel), in which split.seg_chunks counts;
 // BlocksPerSm as SegmentStateLayout's.
 template <class T, ScanRole R, int DI, int BlocksPerSm, bool WithNormalizer>
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kScanThreads, BlocksPerSm)
   const int tiles_per_chunk = chunk / C;
   // Pass 2 starts segment j from the partials of the segments before it (load_initial_state), so the
   // last segment's sums are never read: its blocks load and sum nothing and write zeros, which keeps
-  // the buffers free of stale floats. H200 (raw/h200_last_segment_idle_s31.txt): the forward's pass
+  // the buffers free of stale floats. H200: the forward's pass
   // 132 -> 118 us at B1-T65536-H16-D128 (8 segments), 134 -> 103 at B2-T32768 (4); the row-weighted
   // dk and dv passes, not bandwidth bound, keep their time.
   const bool read_later = seg < split.segments - 1;
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kScanThreads, BlocksPerSm)
   float Z[ZT][4];
 #pragma unroll
   for (int h = 0; h < ZT; ++h) Z[h][0] = Z[h][1] = Z[h][2] = Z[h][3] = 0.f;
-  // at compile time (WithNormalizer == p.normalize: launch.cuh's check_normalize_mode), so that the
+  // at compile time (WithNormalizer == p.normalize: sweep.cuh's check_normalize_mode), so that the
   // Z products are not guarded by a branch between the fence and the commit
   constexpr bool kSumsZ = WithNormalizer && !kWeighs;
   if constexpr (kSumsZ) wg_fill_ones<T>(ones, tid, kScanThreads);  // read after the first step's barrier
@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(kScanThreads, BlocksPerSm)
   // dv sums U = sum_t (phi(q_t))^T (w dout_t) [K][V], dk R = sum_t dout_t^T (w phi(q_t)) [V][K] over
   // the same (chunk, query head) steps: R = U^T (in bf16 rounded apart: dk's own pass scales phi(q),
   // wg_dk_scales_cv; in fp16 both scale dout). Likewise the forward's S = sum_t phi(k_t)^T v_t [K][V]
-  // and dq's sum_t v_t^T phi(k_t) [V][K] (the forward's go to params.segment_states_out). This
+  // and dq's sum_t v_t^T phi(k_t) [V][K] (the forward's go to the saved buffer). This
   // block holds U's (S's) rows [64 h, 64 h + 64) of its value columns [64 tile, 64 tile + 64), which
   // are rows [64 tile, ...) of the transposed role's output tile h.
   if constexpr ((R == ScanRole::kGradV || R == ScanRole::kForward) && !WithNormalizer && DI == 128) {

@@ -1,9 +1,9 @@
-// The normalizer's sums of the wgmma sweeps on the tensor cores. chunk_wg.cuh's, as mma.sync
+// The normalizer's sums of the wgmma sweeps on the tensor cores. scan_wgmma.cuh's, as mma.sync
 // m16n8k16 products over swizzled 64 x 64 tiles (wgmma.cuh): warp w of the warpgroup handles rows
 // (or columns) [16 w, 16 w + 16) of each tile. A float vector enters a product as a [16 x 8] operand
 // whose column 0 holds its 16-bit high part and column 1 the low part (~16 mantissa bits), so the
 // sum of result columns 0 and 1 is the product with the fp32 vector. The 128-token forward's
-// (chunk_wg_pair.cuh) column sums, and in bf16 its a . z, run as m64n8k16 warpgroup MMAs inside its
+// (scan_wgmma_pair.cuh) column sums, and in bf16 its a . z, run as m64n8k16 warpgroup MMAs inside its
 // product groups (the end of this file); fp16's a . z stays in fp32 on the CUDA cores.
 #pragma once
 
@@ -165,7 +165,7 @@ __device__ __forceinline__ void wg_sum_columns(const unsigned char* X, const flo
     }
   }
 }
-// ---- The forward's z on warpgroup MMAs (m64n8k16; chunk_wg_pair.cuh) ----------------------------
+// ---- The forward's z on warpgroup MMAs (m64n8k16; scan_wgmma_pair.cuh) ----------------------------
 // z over a warpgroup's 64 state dims lives in an m64n8 accumulator Z beside the state, every column
 // the same sum: the chunk's column sums of B are B^T times a [tokens x 8] tile of ones, products with
 // the state update's A operand in the update's own group. a_t . z is A times z's split tile [8][dims]

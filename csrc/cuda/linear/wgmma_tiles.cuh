@@ -1,4 +1,4 @@
-// The wgmma sweep's (chunk_wg.cuh) shared memory and the moves of its tiles: the block's layout,
+// The wgmma sweep's (scan_wgmma.cuh) shared memory and the moves of its tiles: the block's layout,
 // chunk rows into swizzled tiles, rows scaled by w in place (with dk's dd / w), the state published as 16-bit hi / lo
 // tiles, and accumulator rows out to global memory. Thread tid of the 128 copies piece tid % 8 (16
 // bytes) of rows tid / 8 + 16 j of each 64-column tile; accumulators are in wgmma.cuh's layout.

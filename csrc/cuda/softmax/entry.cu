@@ -1,5 +1,5 @@
 // CUDA entry points of the softmax-attention ops: pick the input type, then the launcher of
-// softmax_launch.cuh (whose instantiations live in instantiations/softmax_*.cu).
+// launch.cuh (whose instantiations live in instantiations/*.cu).
 #include "softmax_kernels.h"
 #include "launchers.h"
 
