@@ -316,6 +316,20 @@ def test_shared_first_passes_meet_rules(ar, ref, forced_plan, case):
     check_all(ours, base, ref64, case.dtype)
 
 
+def _kernels_of_a_forward_backward(ar, case):
+    """The names of the attnrnn kernels one forward+backward of `case` launches, in order."""
+    inp = make_inputs(case, "cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run(ar.chunk_linear_attn, case, inp)
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if "attnrnn" in e.name]
+
+
+def _roles_of(kernel, names):
+    """The ScanRole template arguments (0 forward, 1 dq, 2 dk, 3 dv) of `kernel` among `names`."""
+    return {int(m.group(1)) for n in names if kernel in n for m in [re.search(r"ScanRole\)(\d)", n)] if m}
+
+
 # Which kernels one forward+backward at a split shape runs (ScanRole in the kernels' names: 0
 # forward, 1 dq, 2 dk, 3 dv): with normalize each sweep sums its own segments on the state kernel;
 # without it dv's pass is dk's too and the forward's is dq's, and dk and dv run as one sweep.
@@ -324,15 +338,10 @@ def test_shared_first_passes_meet_rules(ar, ref, forced_plan, case):
 @pytest.mark.parametrize("normalize", [False, True], ids=["unnormalized", "normalize"])
 def test_state_pass_runs_for_every_split_sweep(ar, normalize, Hkv):
     case = Case(1, 8192, 2, 128, bf16, Hkv=Hkv, feature_map=None, normalize=normalize)
-    inp = make_inputs(case, "cuda")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        run(ar.chunk_linear_attn, case, inp)
-        torch.cuda.synchronize()
-    roles = {int(m.group(1)) for e in prof.events() if "segment_state_kernel" in e.name
-             for m in [re.search(r"ScanRole\)(\d)", e.name)] if m}
+    names = _kernels_of_a_forward_backward(ar, case)
     expected = {0, 1, 2, 3} if normalize else {0, 3}
-    assert roles == expected, sorted(e.name for e in prof.events() if "attnrnn" in e.name)
-    fused = any("wgmma_grad_kv_kernel" in e.name for e in prof.events())
+    assert _roles_of("segment_state_kernel", names) == expected, names
+    fused = any("wgmma_grad_kv_kernel" in n for n in names)
     assert fused == (not normalize), "dk and dv from one sweep at K = V = 128 exactly without the normalizer"
 
 
@@ -341,12 +350,7 @@ def test_state_pass_runs_for_every_split_sweep(ar, normalize, Hkv):
 @WGMMA
 @pytest.mark.parametrize("feature_map,feature_pass", [("relu", False), ("elu1", True)], ids=["relu", "elu1"])
 def test_only_elu1_runs_a_feature_pass_on_the_wgmma_sweeps(ar, feature_map, feature_pass):
-    case = Case(1, 8192, 2, 128, bf16, feature_map=feature_map, normalize=False)
-    inp = make_inputs(case, "cuda")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        run(ar.chunk_linear_attn, case, inp)
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
+    names = _kernels_of_a_forward_backward(ar, Case(1, 8192, 2, 128, bf16, feature_map=feature_map, normalize=False))
     assert any("wgmma_scan_kernel" in n for n in names), "the wgmma sweeps did not run"
     assert any("feature_pass_kernel" in n for n in names) == feature_pass
 
@@ -429,13 +433,8 @@ SHAPE_RULE = _shape_rule_cases() if torch.cuda.is_available() else []
 @WGMMA
 @pytest.mark.parametrize("case,paired", SHAPE_RULE, ids=[c.id for c, _ in SHAPE_RULE])
 def test_the_plan_pairs_the_sweeps_of_the_shape_rule(ar, case, paired):
-    inp = make_inputs(case, "cuda")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        run(ar.chunk_linear_attn, case, inp)
-        torch.cuda.synchronize()
-    roles = {int(m.group(1)) for e in prof.events() if "wgmma_pair_scan_kernel" in e.name
-             for m in [re.search(r"ScanRole\)(\d)", e.name)] if m}
-    assert roles == paired, sorted(e.name for e in prof.events() if "attnrnn" in e.name)
+    names = _kernels_of_a_forward_backward(ar, case)
+    assert _roles_of("wgmma_pair_scan_kernel", names) == paired, names
 
 
 def test_forward_backward_under_cuda_graph_replay(ar):
