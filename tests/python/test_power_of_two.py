@@ -16,24 +16,14 @@ def _load(name):
         pytest.fail(f"attnrnn (compiled extension) cannot be imported: {e!r}")
 
 
-@pytest.fixture(scope="module")
-def exp():
-    return _load("power_of_two")
+def _module_fixture(fixture_name, module):
+    return pytest.fixture(scope="module", name=fixture_name)(lambda: _load(module))
 
 
-@pytest.fixture(scope="module")
-def data():
-    return _load("power_of_two_data")
-
-
-@pytest.fixture(scope="module")
-def model_mod():
-    return _load("power_of_two_model")
-
-
-@pytest.fixture(scope="module")
-def report():
-    return _load("power_of_two_report")
+exp = _module_fixture("exp", "power_of_two")
+data = _module_fixture("data", "power_of_two_data")
+model_mod = _module_fixture("model_mod", "power_of_two_model")
+report = _module_fixture("report", "power_of_two_report")
 
 
 def doubled_digits(x):

@@ -211,9 +211,11 @@ def run_grid(config: ExperimentConfig, log=print) -> Dict:
     if config.workers == 1:
         results = [run_cell(config, *cell) for cell in cells]
     else:
+        # The costliest cells (CoT, large) first, so that the cheap ones fill the gaps at the end.
+        order = sorted(cells, key=lambda c: (not c[2], -c[1][0] * c[1][1]))
         with ProcessPoolExecutor(config.workers, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(run_cell, config, *cell) for cell in cells]
-            results = [f.result() for f in futures]
+            futures = {cell: pool.submit(run_cell, config, *cell) for cell in order}
+            results = [futures[cell].result() for cell in cells]
     fmt_plain, fmt_cot = PowerFormat(config.x_max, False), PowerFormat(config.x_max, True)
     train_xs, held_out = split_exponents(config.x_min, config.x_max, config.held_out_fraction, config.split_seed)
     example = min(5, config.x_max)
