@@ -135,6 +135,24 @@ def test_score_counts_significant_digits_and_requires_the_whole_field(data, mode
     assert model_mod.score(fmt, x, "7777") == {"x": x, "exact": False, "digit_accuracy": 0.0}
 
 
+def test_first_error_tells_a_wrong_doubling_from_a_wrong_count(data, model_mod):
+    fmt = data.PowerFormat(40, cot=True)
+    rng = random.Random()
+    x = rng.randint(2, 40)
+    target, roles = fmt.target(x), fmt.roles(x)
+    assert len(roles) == len(target) and set(roles) == {"p", "l", "s"}
+
+    def changed(role):
+        at = rng.choice([i for i, r in enumerate(roles) if r == role])
+        return target[:at] + ("x" if role == "s" else str((int(target[at]) + 1) % 10)) + target[at + 1:]
+
+    assert model_mod.first_error(fmt, x, target) is None
+    assert model_mod.first_error(fmt, x, changed("p")) == "power"
+    assert model_mod.first_error(fmt, x, changed("l")) == "label"
+    assert model_mod.first_error(fmt, x, changed("s")) == "separator"
+    assert model_mod.first_error(fmt, x, target[:rng.randrange(len(target))]) == "end"
+
+
 @pytest.mark.parametrize("architecture", ["softmax", "linear", "hybrid"])
 def test_cached_greedy_decoding_matches_full_forwards(exp, data, model_mod, architecture):
     config = exp.ExperimentConfig(x_max=6, head_dim=8)
@@ -255,4 +273,4 @@ def test_max_x_at_99_percent_is_the_longest_exact_prefix(report):
     records = [{"x": x, "exact": i < first_wrong or rng.random() < 0.5} for i, x in enumerate(xs)]
     records[first_wrong]["exact"] = False
     assert max_x_at(records) == xs[first_wrong - 1]
-    assert max_x_at([{"x": 3, "exact": False}] + records) is None
+    assert max_x_at([{"x": 0, "exact": False}] + records) is None   # below every x of records

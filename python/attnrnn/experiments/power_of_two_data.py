@@ -97,6 +97,17 @@ class PowerFormat:
         frames += [f"{x - k:0{self.x_width}d}:{self.power(k)}," for k in range(1, x)]
         return "".join(frames) + f"{0:0{self.x_width}d}={self.answer(x)}."
 
+    def roles(self, x: int) -> str:
+        """What each character of ``target(x)`` is: ``p`` a digit of a power (the answer's
+        included), ``l`` a digit of a countdown label, ``s`` a separator."""
+        return "".join("s" if c in ":,=." else "p" for c in self.target(x)) if not self.cot else \
+            "".join(self._frame_roles(x))
+
+    def _frame_roles(self, x: int):
+        yield "p" * self.power_width + "s"
+        for _ in range(x):
+            yield "l" * self.x_width + "s" + "p" * self.power_width + "s"
+
     def sequence(self, x: int) -> str:
         return self.prompt(x) + self.target(x)
 

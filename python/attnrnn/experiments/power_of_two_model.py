@@ -29,23 +29,33 @@ def sinusoids(length: int, dim: int) -> torch.Tensor:
     return table.float()
 
 
+POSITIONS = ("absolute", "shifted", "none")
+
+
 class PositionedLM(nn.Module):
     """A CausalLM whose token embedding gets ``gain * sinusoids[position]`` added (a forward hook
-    on the embedding, so the LM itself runs unchanged); ``positions=False`` leaves it position-free.
+    on the embedding, so the LM itself runs unchanged).
 
+    ``positions``: ``"absolute"`` numbers the tokens from 0; ``"shifted"`` also from 0 when
+    evaluating, but :func:`train` starts each batch at a random offset in [0, max_len], so that
+    only differences of positions carry information; ``"none"`` adds nothing.
     ``forward(ids, cache, state_indices, start)``: ``start`` is the position of ``ids[:, 0]``
-    (the number of tokens already in the cache; every row of a batch shares it).
+    (the number of tokens already in the cache, plus the offset; every row of a batch shares it).
     """
 
-    def __init__(self, config: LMConfig, max_len: int, positions: bool = True):
+    def __init__(self, config: LMConfig, max_len: int, positions: str = "absolute"):
         super().__init__()
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         self.lm = CausalLM(config)
-        self.max_len = max_len
+        self.positions = positions
+        self.max_offset = max_len if positions == "shifted" else 0
+        self.max_len = max_len + self.max_offset
         self._start = 0
-        if positions:
+        if positions != "none":
             # The token embedding starts at std 0.02; the positions start at the same scale.
             self.position_gain = nn.Parameter(torch.tensor(0.02))
-            self.register_buffer("position_table", sinusoids(max_len, config.hidden_size), persistent=False)
+            self.register_buffer("position_table", sinusoids(self.max_len, config.hidden_size), persistent=False)
             self.lm.embed.register_forward_hook(self._add_positions)
 
     def _add_positions(self, module, inputs, embedded):
@@ -127,7 +137,8 @@ def train(model: PositionedLM, fmt: PowerFormat, train_xs: Sequence[int], *, ste
         for group in opt.param_groups:
             group["lr"] = lr * lr_factor(progress)
         inputs, targets = batches.sample(batch_size, sampler)
-        logits = model(inputs)
+        offset = int(torch.randint(model.max_offset + 1, (), generator=sampler)) if model.max_offset else 0
+        logits = model(inputs, start=offset)
         loss = F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), targets.reshape(-1), ignore_index=IGNORE)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -186,3 +197,16 @@ def score(fmt: PowerFormat, x: int, generated: str) -> Dict:
     if fmt.cot:
         record["chain_exact"] = generated == fmt.target(x)
     return record
+
+
+def first_error(fmt: PowerFormat, x: int, generated: str) -> Optional[str]:
+    """Where a generated target first departs from the right one: ``"power"`` (a doubling),
+    ``"label"`` (the countdown), ``"separator"``, ``"end"`` (it goes on after the right target
+    or stops short of it); None when it is right."""
+    target = fmt.target(x)
+    at = next((i for i, (a, b) in enumerate(zip(generated, target)) if a != b), min(len(generated), len(target)))
+    if at == len(target) == len(generated):
+        return None
+    if at >= min(len(generated), len(target)):
+        return "end"
+    return {"p": "power", "l": "label", "s": "separator"}[fmt.roles(x)[at]]

@@ -18,7 +18,8 @@ JSON schema (``SCHEMA``), one object:
     ``per_x``: one object per exponent: ``x``, ``split`` ("train" | "held_out"), ``answer_digits``
     (significant digits of 2^x), ``generated_tokens`` (length of the right target), ``exact`` (bool),
     ``digit_accuracy`` (in [0, 1]), with a chain of thought ``chain_exact`` (bool: everything
-    written is right), and where the answer is wrong ``generated`` (the text after the prompt),
+    written is right), and where the answer is wrong ``generated`` (the text after the prompt)
+    and ``first_error`` (where it first goes wrong: "power" | "label" | "separator" | "end"),
     ``summary``: for ``train`` and ``held_out``: ``exact`` and ``digit_accuracy`` (means in [0, 1]),
     ``max_x_99`` (the largest X whose exponents x <= X of that split are exactly right at >= 99%,
     null when the smallest one already is not).
@@ -75,19 +76,24 @@ def table(result: Dict) -> List[str]:
     return lines
 
 
-def binned_exact(cells: Sequence[Dict], split: str, width: int) -> List[tuple]:
-    """(bin centre, exact-match mean) over the exponents of ``split`` in bins of ``width``
+def binned(cells: Sequence[Dict], split: str, metric: str, width: int) -> List[tuple]:
+    """(bin centre, mean of ``metric``) over the exponents of ``split`` in bins of ``width``
     consecutive x, pooled over ``cells`` (the seeds of one configuration)."""
     bins = defaultdict(list)
     for cell in cells:
         for r in cell["per_x"]:
             if r["split"] == split:
-                bins[(r["x"] - 1) // width].append(float(r["exact"]))
+                bins[(r["x"] - 1) // width].append(float(r[metric]))
     return [((b + 0.5) * width + 0.5, sum(v) / len(v)) for b, v in sorted(bins.items())]
 
 
+#: The plot's rows: (split, metric, axis label).
+PLOT_ROWS = (("train", "exact", "training x: exact match"), ("held_out", "exact", "held-out x: exact match"),
+             ("held_out", "digit_accuracy", "held-out x: digit accuracy"))
+
+
 def plot(result: Dict, path: str) -> str:
-    """Exact match against x: a column per architecture, a row per split, a colour per size,
+    """Accuracy against x: a column per architecture, a row per PLOT_ROWS, a colour per size,
     solid without and dashed with the chain of thought (means over seeds, x in bins)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -98,34 +104,37 @@ def plot(result: Dict, path: str) -> str:
     sizes = list(dict.fromkeys(size_label(c) for c in result["cells"]))
     width = max(1, math.ceil((cfg["x_max"] - cfg["x_min"] + 1) / 12))
     colours = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(2, len(archs), figsize=(4.2 * len(archs), 6.4), sharex=True, sharey=True, squeeze=False)
+    fig, axes = plt.subplots(len(PLOT_ROWS), len(archs), figsize=(4.2 * len(archs) + 0.6, 8.4), sharex=True,
+                             sharey=True, squeeze=False)
     groups = defaultdict(list)
     for c in result["cells"]:
         groups[(c["architecture"], size_label(c), c["cot"])].append(c)
     for col, arch in enumerate(archs):
-        for row, split in enumerate(SPLITS):
+        for row, (split, metric, label) in enumerate(PLOT_ROWS):
             ax = axes[row][col]
             for i, size in enumerate(sizes):
                 colour = colours(i / max(len(sizes) - 1, 1) * 0.85)
                 for cot in (False, True):
                     cells = groups.get((arch, size, cot))
-                    if not cells:
-                        continue
-                    points = binned_exact(cells, split, width)
-                    ax.plot([p[0] for p in points], [p[1] for p in points], "--" if cot else "-", marker="o",
-                            markersize=3, color=colour, label=f"{size}{' CoT' if cot else ''}")
-            ax.set_title(f"{arch}: {'training' if split == 'train' else 'held-out'} x", fontsize=10)
+                    if cells:
+                        points = binned(cells, split, metric, width)
+                        ax.plot([p[0] for p in points], [p[1] for p in points], "--" if cot else "-", marker="o",
+                                markersize=3, color=colour, label=f"{size}{', CoT' if cot else ''}")
             ax.set_ylim(-0.05, 1.05)
             ax.grid(True, alpha=0.3)
-            if row == 1:
+            if row == 0:
+                ax.set_title(arch, fontsize=11)
+            if row == len(PLOT_ROWS) - 1:
                 ax.set_xlabel(f"x (bins of {width})")
             if col == 0:
-                ax.set_ylabel("exact match")
-    axes[0][0].legend(fontsize=7, title="hidden x layers", title_fontsize=7)
+                ax.set_ylabel(label, fontsize=9)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8,
+               title="hidden x layers (solid: no CoT, dashed: CoT)", title_fontsize=8)
     seeds = cfg["seeds"]
-    fig.suptitle(f"2^x without (solid) and with (dashed) a chain of thought; {result['environment']['device']}, "
-                 f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}", fontsize=10)
-    fig.tight_layout()
+    fig.suptitle(f"2^x without and with a chain of thought ({result['environment']['device']}, "
+                 f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}, {cfg['steps']} steps)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
