@@ -127,7 +127,7 @@ def train(model: PositionedLM, fmt: PowerFormat, train_xs: Sequence[int], *, ste
     sampler = torch.Generator().manual_seed(seed + 1)
     batches = TrainingBatches(fmt, train_xs, device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    bar, losses, t0, step = ProgressBar(label), [], time.perf_counter(), 0
+    bar, last_loss, t0, step = ProgressBar(label), None, time.perf_counter(), 0
     model.train()
     while True:
         elapsed = time.perf_counter() - t0
@@ -145,13 +145,14 @@ def train(model: PositionedLM, fmt: PowerFormat, train_xs: Sequence[int], *, ste
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        if step % log_every == 0 or step == 1:
-            losses.append(loss.item())
-            bar.update(progress, f"step {step} loss {losses[-1]:.3f} {elapsed:.0f}s")
+        last_loss = loss.detach()
+        if step % log_every == 0 or step == 1:  # a device read: only now and then
+            bar.update(progress, f"step {step} loss {last_loss.item():.3f} {elapsed:.0f}s")
     elapsed = time.perf_counter() - t0
-    bar.update(1.0, f"step {step} loss {losses[-1] if losses else float('nan'):.3f} {elapsed:.0f}s", final=True)
+    final_loss = None if last_loss is None else last_loss.item()
+    bar.update(1.0, f"step {step} loss {final_loss:.3f} {elapsed:.0f}s" if step else "no step", final=True)
     return {"steps": step, "seconds": elapsed, "stopped_by": "steps" if step >= steps else "seconds",
-            "final_loss": losses[-1] if losses else None}
+            "final_loss": final_loss}
 
 
 @torch.no_grad()
