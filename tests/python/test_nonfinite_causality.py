@@ -12,7 +12,8 @@ What depends on token t follows from the math (query u sees keys s <= u):
 
 Every other row must be finite and equal to the row of the same call without the bad value, for
 a bad value at the first, an inner and the last token of a chunk (linear forms, chunk_size 16) and
-of the CPU softmax kernel's 64-token blocks.
+of the CPU softmax kernel's 64-token blocks. These inputs are fp32 (on CUDA the generic kernels);
+the tensor-core chunk kernels (bf16/fp16) are checked at the end.
 """
 import functools
 
@@ -26,7 +27,7 @@ POSITIONS = (64, 100, 127)  # first, inner and last token of a chunk of 16 and o
 VALUES = {"nan": float("nan"), "inf": float("inf")}
 
 NOT_YET_CAUSAL_ON_CUDA = pytest.mark.xfail(
-    strict=True, reason="the CUDA chunk and streaming kernels are not yet causal for non-finite values: they "
+    strict=True, reason="the CUDA streaming softmax kernels are not yet causal for non-finite values: they "
                         "multiply masked scores by later tokens' rows")
 
 
@@ -71,7 +72,8 @@ def _check_causal(fn, device, poisoned, value, normalized):
             if not torch.isfinite(rows).all():
                 nonfinite = free.nonzero().flatten()[~torch.isfinite(rows).flatten(1).all(1).cpu()].tolist()
                 failures.append(f"{value} in {poisoned} at token {t}: {name} rows {nonfinite} are not finite")
-            elif not torch.allclose(rows, want):
+            # the reference's index_add sums in an order of its atomics on CUDA: equal up to rounding
+            elif not torch.allclose(rows, want, rtol=1e-5, atol=1e-6 * clean[name].abs().max().item()):
                 failures.append(f"{value} in {poisoned} at token {t}: {name} rows it cannot reach changed")
     assert not failures, "\n".join(failures)
 
@@ -100,7 +102,7 @@ def _linear_form(form, ar, ref, normalize):
 @pytest.mark.parametrize("poisoned", ["q", "k", "v"])
 @pytest.mark.parametrize("form,device", _form_params(
     ["chunk", "recurrent", "reference_chunk", "reference_recurrent"],
-    causal_on_cuda={"recurrent", "reference_chunk", "reference_recurrent"}))
+    causal_on_cuda={"chunk", "recurrent", "reference_chunk", "reference_recurrent"}))
 def test_linear_attention_keeps_a_nonfinite_value_causal(ar, ref, form, device, poisoned, value, normalize):
     _check_causal(_linear_form(form, ar, ref, normalize), device, poisoned, value, normalize)
 
@@ -110,3 +112,23 @@ def test_linear_attention_keeps_a_nonfinite_value_causal(ar, ref, form, device, 
 @pytest.mark.parametrize("form,device", _form_params(["streaming"], causal_on_cuda=set()))
 def test_softmax_attention_keeps_a_nonfinite_value_causal(ar, form, device, poisoned, value):
     _check_causal(lambda q, k, v: ar.softmax.streaming_attn(q, k, v), device, poisoned, value, True)
+
+
+# The tensor-core chunk kernels (bf16, K = V = 64) with a NaN at token 100 of 256: o and dq of the
+# earlier tokens. A bad q stays in its row; a bad k or v does not yet: the kernels mask the scores
+# to 0 and multiply them by later tokens' rows (0 * NaN = NaN).
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("poisoned", [
+    "q",
+    pytest.param("k", marks=pytest.mark.xfail(strict=True, reason="not yet causal on the tensor cores: dq")),
+    pytest.param("v", marks=pytest.mark.xfail(strict=True, reason="not yet causal on the tensor cores: o, dq")),
+])
+def test_tensor_core_chunk_kernels_keep_earlier_rows_finite(ar, poisoned):
+    g = torch.Generator().manual_seed(0)
+    x = {name: torch.randn(1, 256, 2, 64, generator=g).to("cuda", torch.bfloat16) for name in "qkv"}
+    x[poisoned][0, 100, 0, 0] = float("nan")
+    leaves = [x[name].clone().requires_grad_() for name in "qkv"]
+    o, _ = ar.chunk_linear_attn(*leaves, feature_map="elu1")
+    dq, _, _ = torch.autograd.grad(o, leaves, torch.randn_like(o))
+    assert torch.isfinite(o[0, :100]).all() and torch.isfinite(dq[0, :100]).all()
+
