@@ -159,6 +159,17 @@ struct Rules {
   }
 };
 
+// The generic kernels' chunk: the largest power of two <= the requested chunk (one token for the
+// recurrent form) and <= GenericTiles::default_chunk for which fits(C) holds.
+template <class Fits>
+int generic_chunk(const LinearAttnFwdParams& p, bool recurrent, Fits fits) {
+  const int64_t requested = recurrent ? 1 : p.chunk_size > 0 ? p.chunk_size : GenericTiles::default_chunk;
+  int C = 1;
+  while (C * 2 <= requested && C * 2 <= GenericTiles::default_chunk) C *= 2;
+  while (C > 1 && !fits(C)) C /= 2;
+  return C;
+}
+
 Features features_of(const LinearAttnFwdParams& p, bool relu_in_sweep) {
   if (p.feature_map == FeatureMap::kIdentity) return Features::kNone;
   return p.feature_map == FeatureMap::kRelu && relu_in_sweep ? Features::kInSweep : Features::kPass;
@@ -175,11 +186,8 @@ ChunkPlan make_forward_plan(const LinearAttnFwdParams& p, bool recurrent, const 
   if (!plan.tensor_cores) {
     const int64_t K = p.head_dim_k, BV = std::min<int64_t>(GenericTiles::value_columns, p.head_dim_v);
     const int64_t acc = p.dtype == DType::kFloat64 ? 8 : 4;
-    int C = 1;
-    const int64_t requested = recurrent ? 1 : p.chunk_size > 0 ? p.chunk_size : GenericTiles::default_chunk;
-    while (C * 2 <= requested && C * 2 <= GenericTiles::default_chunk) C *= 2;
-    while (C > 1 && fwd_smem(K, C, BV).total() * acc > device.max_smem) C /= 2;
-    plan.generic_chunk = C;
+    plan.generic_chunk =
+        generic_chunk(p, recurrent, [&](int64_t c) { return fwd_smem(K, c, BV).total() * acc <= device.max_smem; });
     return plan;
   }
   const bool wgmma = rules.wgmma(false);
@@ -211,15 +219,10 @@ ChunkPlan make_backward_plan(const LinearAttnBwdParams& p, bool recurrent, const
   if (!plan.tensor_cores) {
     const int64_t K = p.head_dim_k, V = p.head_dim_v;
     const int64_t BK = std::min<int64_t>(GenericTiles::key_rows, K), BV = std::min<int64_t>(GenericTiles::value_columns, V);
-    int C = 1;
-    const int64_t requested = recurrent ? 1 : p.chunk_size > 0 ? p.chunk_size : GenericTiles::default_chunk;
-    while (C * 2 <= requested && C * 2 <= GenericTiles::default_chunk) C *= 2;
-    auto fits = [&](int64_t c) {
+    plan.generic_chunk = generic_chunk(p, recurrent, [&](int64_t c) {
       return dq_smem(K, V, c, BK) * acc <= device.max_smem && dk_smem(V, c, BK) * acc <= device.max_smem &&
              dv_smem(K, c, BV) * acc <= device.max_smem;
-    };
-    while (C > 1 && !fits(C)) C /= 2;
-    plan.generic_chunk = C;
+    });
     return plan;
   }
   const bool wgmma = rules.wgmma(true);
