@@ -13,6 +13,10 @@ namespace attnrnn::cuda {
 struct ChunkArgs : LinearAttnBwdParams {
   float* den_out = nullptr;       // forward, normalize: written where the plan keeps it
   const float* den_in = nullptr;  // backward, normalize: the forward's den_out
+  // [N][Hkv] flags of a tensor-core call (the plan's nonfinite_flags; null otherwise). A tensor-core
+  // kernel sets the flag of its (sequence, kv head) when a row it writes is not finite; the generic
+  // kernels then run for the flagged ones only and write them again (nonfinite_rows_repaired).
+  unsigned* nonfinite = nullptr;
 };
 
 struct Seq {
@@ -60,6 +64,21 @@ __device__ __forceinline__ void store_den(const ChunkArgs& p, const Seq& seq, in
   float* den = p.den_out;
   if (rows > 0) den[token_index(p, seq, t, h)] = w[0];
   if (rows > 8) den[token_index(p, seq, t + 8, h)] = w[1];
+}
+
+// Why the flags: the tensor-core kernels mask a chunk's scores to 0 above the diagonal and multiply
+// the whole chunk's rows by them, so a NaN or Inf in a later token's k or v (0 * NaN = NaN) would
+// reach earlier tokens' rows; the generic kernels sum only over the tokens a row sees. Such a row is
+// not finite, so a tensor-core kernel notes it (note_nonfinite) and its (sequence, kv head) is written
+// again by the generic kernels, which skip every other one: causality costs the check of each
+// written element (one FFMA) and the generic kernels' launch, which returns at once without a flag.
+__device__ __forceinline__ void note_nonfinite(const ChunkArgs& p, int64_t state_row, bool bad) {
+  if (bad && p.nonfinite != nullptr) atomicOr(p.nonfinite + state_row, 1u);
+}
+// Whether a generic kernel's (sequence n, kv head g) block has work: always in a generic call, only
+// for a flagged one when it rewrites a tensor-core call's rows.
+__device__ __forceinline__ bool generic_block_runs(const ChunkArgs& p, int64_t n, int64_t g) {
+  return p.nonfinite == nullptr || p.nonfinite[n * p.num_kv_heads + g] != 0u;
 }
 
 inline int64_t num_states(const LinearAttnFwdParams& p) {

@@ -6,6 +6,8 @@
 //   dq        its sweep; pass 1 from the forward's segment states where it saved them
 //   dk, dv    two sweeps, one sweep (K = V = 64: ScanRole::kGradKV; K = V = 128 without normalize:
 //             grad_kv_wgmma.cuh), or dv's then dk's with one pass 1 for both (GradKv)
+//   repair    the generic kernels below, for the (sequence, kv head)s whose rows were not finite
+//             (args.cuh)
 // Otherwise the generic CUDA-core kernels: dq (which writes den_t, dd_t), then dk, then dv. The
 // tensor-core sweeps are compiled once per normalize mode; the unnormalized ones are instantiated in
 // instantiations/backward_unnormalized_*.cu, so that the two sets build in parallel, and the mma.sync
@@ -56,7 +58,7 @@ Status run_grad_kv_128(const Sweep& sweep, const ChunkArgs& p, const ScanFeature
 }
 
 template <class T, bool WithNormalizer>
-Status launch_tensor_core_backward(const ChunkPlan& plan, const ChunkArgs& p) {
+Status launch_tensor_core_sweeps(const ChunkPlan& plan, const ChunkArgs& p) {
   ScanFeatures feat;
   Status s = prepare_features<T>(plan, p, feat);
   if constexpr (WithNormalizer) {
@@ -81,6 +83,15 @@ Status launch_tensor_core_backward(const ChunkPlan& plan, const ChunkArgs& p) {
       return run_planned_sweep<T, ScanRole::kGradV, WithNormalizer>(plan.dv, p, feat, "chunk_linear_attn backward (dv)");
   }
   return fail(Status::kInvalidArgument, "chunk_linear_attn backward: no such dk/dv plan");
+}
+
+template <class T>
+Status launch_generic_backward(const ChunkPlan& plan, const ChunkArgs& p);
+
+template <class T, bool WithNormalizer>
+Status launch_tensor_core_backward(const ChunkPlan& plan, const ChunkArgs& p) {
+  const Status swept = launch_tensor_core_sweeps<T, WithNormalizer>(plan, p);
+  return swept != Status::kSuccess ? swept : launch_generic_backward<T>(plan, p);
 }
 
 // The two normalize modes' sweeps live in separate files; the mma.sync sweeps, which have no

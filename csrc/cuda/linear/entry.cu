@@ -1,5 +1,6 @@
 // CUDA entry points of the linear-attention ops: each makes the call's plan once (plan.h), checks
-// the buffers it needs, places the saved w, and runs the plan through the launcher of its dtype.
+// the buffers it needs, places the saved w, clears the non-finite flags of a tensor-core plan
+// (args.cuh), and runs the plan through the launcher of its dtype.
 #include "attnrnn/testing.h"
 #include "launchers.h"
 #include "plan.h"
@@ -26,6 +27,16 @@ float* saved_float(const LinearAttnFwdParams& p, int64_t offset) {
   return p.saved == nullptr || offset < 0 ? nullptr : reinterpret_cast<float*>(static_cast<char*>(p.saved) + offset);
 }
 
+// The flags of the (sequence, kv head)s whose rows the tensor-core kernels found not finite, cleared
+// on the call's stream (args.cuh).
+Status clear_nonfinite_flags(const ChunkPlan& plan, ChunkArgs& args, const char* op) {
+  if (plan.nonfinite_flags < 0) return Status::kSuccess;
+  args.nonfinite = reinterpret_cast<unsigned*>(static_cast<char*>(args.workspace) + plan.nonfinite_flags);
+  const size_t bytes = static_cast<size_t>(num_states(args) * args.num_kv_heads) * sizeof(unsigned);
+  cudaMemsetAsync(args.nonfinite, 0, bytes, static_cast<cudaStream_t>(args.stream));
+  return check_launch(op);
+}
+
 Status forward(const LinearAttnFwdParams& p, bool recurrent) {
   const ChunkPlan plan = forward_plan(p, recurrent);
   Status s = check_workspace(p, plan, "chunk_linear_attn_fwd_workspace_bytes");
@@ -33,6 +44,8 @@ Status forward(const LinearAttnFwdParams& p, bool recurrent) {
   ChunkArgs args;
   static_cast<LinearAttnFwdParams&>(args) = p;
   args.den_out = saved_float(p, plan.saved_den);
+  s = clear_nonfinite_flags(plan, args, "chunk_linear_attn forward");
+  if (s != Status::kSuccess) return s;
   return dispatch_dtype(p.dtype, [&](auto t) { return launch_chunk_fwd<decltype(t)>(plan, args); });
 }
 
@@ -48,6 +61,8 @@ Status backward(const LinearAttnBwdParams& p, bool recurrent) {
   ChunkArgs args;
   static_cast<LinearAttnBwdParams&>(args) = p;
   args.den_in = saved_float(p, plan.saved_den);
+  s = clear_nonfinite_flags(plan, args, "chunk_linear_attn backward");
+  if (s != Status::kSuccess) return s;
   return dispatch_dtype(p.dtype, [&](auto t) { return launch_chunk_bwd<decltype(t)>(plan, args); });
 }
 

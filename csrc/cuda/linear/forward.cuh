@@ -1,6 +1,7 @@
 // The forward of chunk_linear_attn and recurrent_linear_attn on CUDA: runs the plan's kernels
 // (plan.h). Tensor cores: the feature pass where the plan has one, then the forward sweep (mma.sync,
-// or wgmma on 64- or 128-token chunks, in one pass or two). Otherwise the generic CUDA-core kernel.
+// or wgmma on 64- or 128-token chunks, in one pass or two), then the generic kernel for the
+// (sequence, kv head)s whose rows were not finite (args.cuh). Otherwise the generic CUDA-core kernel.
 // Instantiated per dtype in instantiations/forward_*.cu.
 #pragma once
 
@@ -12,6 +13,9 @@
 namespace attnrnn::cuda {
 
 template <class T>
+Status launch_generic_forward(const ChunkPlan& plan, const ChunkArgs& p);
+
+template <class T>
 Status launch_tensor_core_forward(const ChunkPlan& plan, const ChunkArgs& p) {
   ScanFeatures feat;
   const Status s = prepare_features<T>(plan, p, feat);
@@ -20,8 +24,9 @@ Status launch_tensor_core_forward(const ChunkPlan& plan, const ChunkArgs& p) {
                      : plan.forward.kernel == SweepKernel::kWgmma   ? "chunk_linear_attn forward (wgmma)"
                                                                     : "chunk_linear_attn forward (mma.sync)";
   // Without normalize the wgmma forward runs kernels compiled without the normalizer.
-  return p.normalize ? run_planned_sweep<T, ScanRole::kForward, true>(plan.forward, p, feat, what)
-                     : run_planned_sweep<T, ScanRole::kForward, false>(plan.forward, p, feat, what);
+  const Status swept = p.normalize ? run_planned_sweep<T, ScanRole::kForward, true>(plan.forward, p, feat, what)
+                                   : run_planned_sweep<T, ScanRole::kForward, false>(plan.forward, p, feat, what);
+  return swept != Status::kSuccess ? swept : launch_generic_forward<T>(plan, p);
 }
 
 template <class T>

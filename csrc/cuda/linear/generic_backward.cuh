@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(kBwdThreads) generic_grad_q_kernel(const Chunk
   const int K = static_cast<int>(p.head_dim_k), V = static_cast<int>(p.head_dim_v);
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads;
   const int64_t n = blockIdx.x, g = blockIdx.z;
+  if (!generic_block_runs(p, n, g)) return;
   const int k0 = blockIdx.y * BK, bk = min(BK, K - k0);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, KP = K + 1, CP = C + 1, VP = V + 1;
   const Seq seq = sequence(p, n);
@@ -180,6 +181,7 @@ __global__ void __launch_bounds__(kBwdThreads) generic_grad_k_kernel(const Chunk
   const int K = static_cast<int>(p.head_dim_k), V = static_cast<int>(p.head_dim_v);
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads;
   const int64_t n = blockIdx.x, g = blockIdx.z;
+  if (!generic_block_runs(p, n, g)) return;
   const int k0 = blockIdx.y * BK, bk = min(BK, K - k0);
   const int tid = threadIdx.x, CP = C + 1, VP = V + 1, QP = BK + 1;
   const Seq seq = sequence(p, n);
@@ -301,6 +303,7 @@ __global__ void __launch_bounds__(kBwdThreads) generic_grad_v_kernel(const Chunk
   const int K = static_cast<int>(p.head_dim_k), V = static_cast<int>(p.head_dim_v);
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads;
   const int64_t n = blockIdx.x, g = blockIdx.z;
+  if (!generic_block_runs(p, n, g)) return;
   const int v0 = blockIdx.y * BV, bv = min(BV, V - v0);
   const int tid = threadIdx.x, KP = K + 1, CP = C + 1;
   const Seq seq = sequence(p, n);

@@ -37,6 +37,7 @@ __global__ void __launch_bounds__(kFwdThreads) generic_forward_kernel(const Chun
   const int K = static_cast<int>(p.head_dim_k), V = static_cast<int>(p.head_dim_v);
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads;
   const int64_t n = blockIdx.x, g = blockIdx.z;
+  if (!generic_block_runs(p, n, g)) return;
   const int v0 = blockIdx.y * BV, bv = min(BV, V - v0);
   const int tid = threadIdx.x, KP = K + 1, CP = C + 1;
   const Seq seq = sequence(p, n);

@@ -208,8 +208,8 @@ __global__ void __launch_bounds__(WgmmaGradKvLayout::threads, 1)
       const bool dphi_of = !kDv && p.feature_map != FeatureMap::kIdentity;
 #pragma unroll
       for (int c = 0; c < 2; ++c)
-        wg_write_rows<T>(kDv ? p.dv : p.dk, O[c], ones, p.feature_map, dphi_of, dphi_rows(feat.k, p.k), seq.b, s.t0,
-                         s.cl, g, 64 * c, t, scratch);
+        note_nonfinite(p, state_row, wg_write_rows<T>(kDv ? p.dv : p.dk, O[c], ones, p.feature_map, dphi_of,
+                                                      dphi_rows(feat.k, p.k), seq.b, s.t0, s.cl, g, 64 * c, t, scratch));
     }
     wg_wait_all();
     hold_state();

@@ -170,6 +170,28 @@ int generic_chunk(const LinearAttnFwdParams& p, bool recurrent, Fits fits) {
   return C;
 }
 
+int forward_generic_chunk(const LinearAttnFwdParams& p, bool recurrent, const DeviceInfo& device) {
+  const int64_t K = p.head_dim_k, BV = std::min<int64_t>(GenericTiles::value_columns, p.head_dim_v);
+  const int64_t acc = p.dtype == DType::kFloat64 ? 8 : 4;
+  return generic_chunk(p, recurrent, [&](int64_t c) { return fwd_smem(K, c, BV).total() * acc <= device.max_smem; });
+}
+
+int backward_generic_chunk(const LinearAttnFwdParams& p, bool recurrent, const DeviceInfo& device) {
+  const int64_t K = p.head_dim_k, V = p.head_dim_v, acc = p.dtype == DType::kFloat64 ? 8 : 4;
+  const int64_t BK = std::min<int64_t>(GenericTiles::key_rows, K), BV = std::min<int64_t>(GenericTiles::value_columns, V);
+  return generic_chunk(p, recurrent, [&](int64_t c) {
+    return dq_smem(K, V, c, BK) * acc <= device.max_smem && dk_smem(V, c, BK) * acc <= device.max_smem &&
+           dv_smem(K, c, BV) * acc <= device.max_smem;
+  });
+}
+
+// A tensor-core plan's flags of the (sequence, kv head)s whose rows were not finite, at the
+// workspace's end.
+void place_nonfinite_flags(const LinearAttnFwdParams& p, ChunkPlan& plan) {
+  plan.nonfinite_flags = plan.workspace_bytes;
+  plan.workspace_bytes += round256(num_states(p) * p.num_kv_heads * int64_t(sizeof(unsigned)));
+}
+
 Features features_of(const LinearAttnFwdParams& p, bool relu_in_sweep) {
   if (p.feature_map == FeatureMap::kIdentity) return Features::kNone;
   return p.feature_map == FeatureMap::kRelu && relu_in_sweep ? Features::kInSweep : Features::kPass;
@@ -183,13 +205,8 @@ ChunkPlan make_forward_plan(const LinearAttnFwdParams& p, bool recurrent, const 
   ChunkPlan plan;
   rules.saved_layout(plan, recurrent);
   plan.tensor_cores = tensor_core_shape(p, recurrent, false) && tensor_core_rows(p);
-  if (!plan.tensor_cores) {
-    const int64_t K = p.head_dim_k, BV = std::min<int64_t>(GenericTiles::value_columns, p.head_dim_v);
-    const int64_t acc = p.dtype == DType::kFloat64 ? 8 : 4;
-    plan.generic_chunk =
-        generic_chunk(p, recurrent, [&](int64_t c) { return fwd_smem(K, c, BV).total() * acc <= device.max_smem; });
-    return plan;
-  }
+  plan.generic_chunk = forward_generic_chunk(p, recurrent, device);
+  if (!plan.tensor_cores) return plan;
   const bool wgmma = rules.wgmma(false);
   plan.features = features_of(p, wgmma);
   plan.forward = rules.sweep(Role::kForward, wgmma);
@@ -204,6 +221,7 @@ ChunkPlan make_forward_plan(const LinearAttnFwdParams& p, bool recurrent, const 
   const int64_t partials = round256(rules.partial_floats(Role::kForward, f) * int64_t(sizeof(float)));
   plan.workspace_bytes = partials;
   if (plan.features == Features::kPass) rules.feature_rows(plan, partials);
+  place_nonfinite_flags(p, plan);
   return plan;
 }
 
@@ -216,15 +234,8 @@ ChunkPlan make_backward_plan(const LinearAttnBwdParams& p, bool recurrent, const
   const int64_t token_scalars = round256(2 * p.batch * p.seqlen * p.num_heads * acc);  // w, dd (or den, dd)
   plan.workspace_bytes = token_scalars;
   plan.tensor_cores = tensor_core_shape(p, recurrent, true) && tensor_core_rows(p);
-  if (!plan.tensor_cores) {
-    const int64_t K = p.head_dim_k, V = p.head_dim_v;
-    const int64_t BK = std::min<int64_t>(GenericTiles::key_rows, K), BV = std::min<int64_t>(GenericTiles::value_columns, V);
-    plan.generic_chunk = generic_chunk(p, recurrent, [&](int64_t c) {
-      return dq_smem(K, V, c, BK) * acc <= device.max_smem && dk_smem(V, c, BK) * acc <= device.max_smem &&
-             dv_smem(K, c, BV) * acc <= device.max_smem;
-    });
-    return plan;
-  }
+  plan.generic_chunk = backward_generic_chunk(p, recurrent, device);
+  if (!plan.tensor_cores) return plan;
   const bool wgmma = rules.wgmma(true);
   const int64_t K = p.head_dim_k, V = p.head_dim_v;
   plan.out_rows_aligned16 = aligned16(p.out);
@@ -300,6 +311,7 @@ ChunkPlan make_backward_plan(const LinearAttnBwdParams& p, bool recurrent, const
   }
   plan.workspace_bytes = at;
   if (plan.features == Features::kPass) rules.feature_rows(plan, at);
+  place_nonfinite_flags(p, plan);
   return plan;
 }
 

@@ -70,7 +70,8 @@ enum class Features : uint8_t {
 
 struct ChunkPlan {
   bool tensor_cores = false;  // else the generic CUDA-core kernels (any dtype and shape)
-  int generic_chunk = 0;      // the generic kernels' chunk (1: the recurrent form)
+  int generic_chunk = 0;      // the generic kernels' chunk (1: the recurrent form); with tensor cores,
+                              // for the (sequence, kv head)s whose rows were not finite (args.cuh)
   Features features = Features::kNone;
   Sweep forward;
   Sweep dq, dk, dv;
@@ -84,8 +85,10 @@ struct ChunkPlan {
   int64_t saved_states = -1;
 
   // workspace: [w, dd of each (token, query head): the backward's][pass-1 partials][phi(q)][phi(k)]
+  // [with tensor cores: a flag per (sequence, kv head), ChunkArgs::nonfinite]
   int64_t workspace_bytes = 0;
   int64_t phi_q = -1, phi_k = -1;
+  int64_t nonfinite_flags = -1;
 };
 
 // recurrent: the token-by-token form, chunks of one token on the generic kernels.

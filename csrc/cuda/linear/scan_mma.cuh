@@ -303,6 +303,7 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
         const MutView& out = R == ScanRole::kForward ? p.o : R == ScanRole::kGradQ ? p.dq : R == ScanRole::kGradK ? p.dk : p.dv;
         const int64_t out_head = Info::group_sum ? g : s.h;
         const bool dphi_of = (R == ScanRole::kGradQ || R == ScanRole::kGradK) && p.feature_map != FeatureMap::kIdentity;
+        float finite = 0.f;  // 0 while every value written is finite (note_nonfinite)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int t = r0 + gr + 8 * r;
@@ -329,9 +330,11 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
               x0 *= dphi_of_phi(p.feature_map, q2.x);
               x1 *= dphi_of_phi(p.feature_map, q2.y);
             }
+            finite = fmaf(x1, 0.f, fmaf(x0, 0.f, finite));
             *reinterpret_cast<uint32_t*>(orow + ni * 8 + t2) = pack2<T>(x0, x1);
           }
         }
+        note_nonfinite(p, state_row, finite != 0.f);
       }
     }
 

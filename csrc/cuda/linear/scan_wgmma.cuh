@@ -349,8 +349,8 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
         constexpr bool kStaged =
             !(DI == 64 && WithNormalizer && (kFwd || (kDk && std::is_same_v<T, __half>)));
         auto write_rows = [&](const MutView out, const float(&acc)[32], bool dphi_of, const ConstView phi_rows) {
-          wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, phi_rows, seq.b, s.t0, s.cl, out_head, c0, tid,
-                           kStaged ? At : nullptr);
+          note_nonfinite(p, state_row, wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, phi_rows, seq.b, s.t0,
+                                                        s.cl, out_head, c0, tid, kStaged ? At : nullptr));
         };
         if constexpr (kFwd) write_rows(p.o, O, false, p.q);
         if constexpr (kDq) write_rows(p.dq, O, phi_used, dphi_rows(feat.q, p.q));

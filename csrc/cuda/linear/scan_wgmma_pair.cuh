@@ -309,8 +309,9 @@ __global__ void __launch_bounds__(WgmmaPairLayout::threads, 1)
       const int64_t out_head = Info::group_sum ? g : s.h;
       // staged through this warpgroup's first A tile: every product that reads it is done
       auto write = [&](const MutView out, bool dphi_of, const ConstView phi_rows, const float(&inv)[2]) {
-        wg_write_rows<T, WithNormalizer ? 8 : 16>(out, O, inv, p.feature_map, dphi_of, phi_rows, seq.b, s.t0 + row0, cl,
-                                                  out_head, c0, t, Aw);
+        note_nonfinite(p, state_row,
+                       wg_write_rows<T, WithNormalizer ? 8 : 16>(out, O, inv, p.feature_map, dphi_of, phi_rows, seq.b,
+                                                                 s.t0 + row0, cl, out_head, c0, t, Aw));
       };
       if constexpr (kFwd) {
         float inv[2] = {scale, scale};
