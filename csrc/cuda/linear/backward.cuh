@@ -140,6 +140,11 @@ Status launch_generic_backward(const ChunkPlan& plan, const ChunkArgs& p) {
   return check_launch("chunk_linear_attn backward (dv)");
 }
 
+// Instantiated with the normalized half (instantiations/backward_*.cu); the unnormalized tensor-core
+// backward calls it too.
+extern template Status launch_generic_backward<__nv_bfloat16>(const ChunkPlan&, const ChunkArgs&);
+extern template Status launch_generic_backward<__half>(const ChunkPlan&, const ChunkArgs&);
+
 template <class T>
 Status launch_chunk_bwd(const ChunkPlan& plan, const ChunkArgs& p) {
   if (num_states(p) == 0) return Status::kSuccess;

@@ -129,6 +129,7 @@ __global__ void __launch_bounds__(WgmmaGradKvLayout::threads, 1)
     wg_hold(O[0]);
     wg_hold(O[1]);
   };
+  bool nonfinite = false;  // a row this thread wrote was not finite (note_nonfinite, after the steps)
   // One step's products and outputs in warpgroup W (a compile-time 0 or 1: the operands' offsets are
   // constants, so that the descriptors stay uniform)
   auto step_of_warpgroup = [&](auto W_, const WgStep& s, unsigned char* st) {
@@ -208,8 +209,8 @@ __global__ void __launch_bounds__(WgmmaGradKvLayout::threads, 1)
       const bool dphi_of = !kDv && p.feature_map != FeatureMap::kIdentity;
 #pragma unroll
       for (int c = 0; c < 2; ++c)
-        note_nonfinite(p, state_row, wg_write_rows<T>(kDv ? p.dv : p.dk, O[c], ones, p.feature_map, dphi_of,
-                                                      dphi_rows(feat.k, p.k), seq.b, s.t0, s.cl, g, 64 * c, t, scratch));
+        nonfinite |= wg_write_rows<T>(kDv ? p.dv : p.dk, O[c], ones, p.feature_map, dphi_of, dphi_rows(feat.k, p.k),
+                                      seq.b, s.t0, s.cl, g, 64 * c, t, scratch);
     }
     wg_wait_all();
     hold_state();
@@ -244,6 +245,7 @@ __global__ void __launch_bounds__(WgmmaGradKvLayout::threads, 1)
     publish_state();
   }
   cp_async_wait<0>();
+  note_nonfinite(p, state_row, nonfinite);
 
   // ---- the gradient of the initial state, from the first segment (the sweep's last) ----------------
   if (seg != split.segments - 1 || p.d_initial_S == nullptr) return;

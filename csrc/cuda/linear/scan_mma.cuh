@@ -175,6 +175,7 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
     if (i < steps) issue(i);
     cp_async_commit();
   }
+  bool nonfinite = false;  // a row this thread wrote was not finite (note_nonfinite, after the steps)
   float O[NT][4];
   for (int i = 0; i < steps; ++i) {
     if (i + NS - 1 < steps) issue(i + NS - 1);
@@ -334,7 +335,7 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
             *reinterpret_cast<uint32_t*>(orow + ni * 8 + t2) = pack2<T>(x0, x1);
           }
         }
-        note_nonfinite(p, state_row, finite != 0.f);
+        nonfinite |= finite != 0.f;
       }
     }
 
@@ -366,6 +367,7 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
     __syncthreads();  // stage i may be overwritten; z and the state copy are published
   }
   cp_async_wait<0>();
+  note_nonfinite(p, state_row, nonfinite);
 
   // ---- pass 1: this segment's partial; otherwise the final state, from the last segment -----------
   if (split.state_only) {

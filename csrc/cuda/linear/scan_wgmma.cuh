@@ -180,6 +180,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
     cp_async_commit();
   }
   Walk current = walk.start();
+  bool nonfinite = false;  // a row this thread wrote was not finite (note_nonfinite, after the steps)
   float O[32];  // the step's output; dk and dv keep summing it over a group's heads
   float O2[32];  // the fused sweep's dk sum (its O is dv's)
   // The backward's weights a step ahead: loaded at their own step's start, the tiles' scaling and
@@ -349,8 +350,8 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
         constexpr bool kStaged =
             !(DI == 64 && WithNormalizer && (kFwd || (kDk && std::is_same_v<T, __half>)));
         auto write_rows = [&](const MutView out, const float(&acc)[32], bool dphi_of, const ConstView phi_rows) {
-          note_nonfinite(p, state_row, wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, phi_rows, seq.b, s.t0,
-                                                        s.cl, out_head, c0, tid, kStaged ? At : nullptr));
+          nonfinite |= wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, phi_rows, seq.b, s.t0, s.cl, out_head,
+                                        c0, tid, kStaged ? At : nullptr);
         };
         if constexpr (kFwd) write_rows(p.o, O, false, p.q);
         if constexpr (kDq) write_rows(p.dq, O, phi_used, dphi_rows(feat.q, p.q));
@@ -394,6 +395,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
   }
   cp_async_wait<0>();
   __syncthreads();  // the last step's z (its column sums ran after the step's last barrier)
+  note_nonfinite(p, state_row, nonfinite);
 
   // ---- pass 1: this segment's partial; otherwise the final state, from the last segment ---------
   if (split.state_only) {

@@ -181,6 +181,7 @@ __global__ void __launch_bounds__(WgmmaPairLayout::threads, 1)
   auto down = [](int j) { return (j / 4) * kWgTileBytes + 2048 * (j % 4); };
   float O[32];  // the step's output; dk and dv keep summing it over a group's heads
 
+  bool nonfinite = false;  // a row this thread wrote was not finite (note_nonfinite, after the steps)
   // One step of warpgroup W (a compile-time 0 or 1, so that every wgmma stage lies inside one side
   // of the branch on w: a branch inside a stage makes ptxas serialize the products, C7515).
   auto step_of_warpgroup = [&](auto W_, auto update_, const Step& s, unsigned char* st, const Weights& wt,
@@ -309,9 +310,8 @@ __global__ void __launch_bounds__(WgmmaPairLayout::threads, 1)
       const int64_t out_head = Info::group_sum ? g : s.h;
       // staged through this warpgroup's first A tile: every product that reads it is done
       auto write = [&](const MutView out, bool dphi_of, const ConstView phi_rows, const float(&inv)[2]) {
-        note_nonfinite(p, state_row,
-                       wg_write_rows<T, WithNormalizer ? 8 : 16>(out, O, inv, p.feature_map, dphi_of, phi_rows, seq.b,
-                                                                 s.t0 + row0, cl, out_head, c0, t, Aw));
+        nonfinite |= wg_write_rows<T, WithNormalizer ? 8 : 16>(out, O, inv, p.feature_map, dphi_of, phi_rows, seq.b,
+                                                               s.t0 + row0, cl, out_head, c0, t, Aw);
       };
       if constexpr (kFwd) {
         float inv[2] = {scale, scale};
@@ -416,6 +416,7 @@ __global__ void __launch_bounds__(WgmmaPairLayout::threads, 1)
   }
   cp_async_wait<0>();
   __syncthreads();  // the last step's z (dq's and dk's column sums ran after the step's last barrier)
+  note_nonfinite(p, state_row, nonfinite);
 
   // ---- pass 1: this segment's partial; otherwise the final state, from the last segment ---------
   if (split.state_only) {

@@ -316,14 +316,20 @@ __device__ __forceinline__ bool wg_aligned16(const MutView& out) {
 // B1-T65536-H16-D128 with relu: the dk + dv sweep 538 -> 1851 us, dq 338 -> 1093 against the
 // identity map). All sixteen in one batch by default; eight where sixteen more live registers spill
 // (the paired sweeps with the normalizer: their dk 4 -> 20 bytes).
-// Returns whether a row it wrote (of the cl valid) holds a value that is not finite (note_nonfinite):
-// x * 0 is 0 for a finite x and NaN otherwise, one FFMA per element into a sum per row.
+// Returns whether a row it wrote (of the cl valid) has an accumulator element that is not finite
+// (note_nonfinite): x * 0 is 0 for a finite x and NaN otherwise, one FFMA per element.
 template <class T, int Batch = 16>
 __device__ __forceinline__ bool wg_write_rows(const MutView out, const float (&acc)[32], const float (&inv)[2],
                                               FeatureMap fm, bool dphi_of, const ConstView phi_rows, int64_t b,
                                               int64_t t0, int cl, int64_t head, int c0, int tid,
                                               unsigned char* scratch = nullptr) {
   const int r0 = wg_acc_row(tid, 0);
+  // Checked before the stores, which then consume acc: one predicate stays live through them.
+  float finite = 0.f;  // 0 while every value of this thread's rows < cl is finite
+#pragma unroll
+  for (int e = 0; e < 32; ++e)
+    if (r0 + 8 * ((e >> 1) & 1) < cl) finite = fmaf(acc[e], 0.f, finite);
+  const bool nonfinite = finite != 0.f;
   // One body per feature map (kIdentity: no phi'): a branch on dphi_of per element cost every element
   // a test and a reconvergence point, with the identity map too, and phi' with the map a runtime value
   // switched on it for each element.
@@ -345,7 +351,6 @@ __device__ __forceinline__ bool wg_write_rows(const MutView out, const float (&a
         }
       }
     };
-    float finite[2] = {0.f, 0.f};  // rows r0 and r0 + 8: 0 while every value written is finite
     auto packed = [&](int e) {  // elements e, e + 1 (row r0 + 8 * half), scaled, as two 16-bit values
       const int half = (e >> 1) & 1;
       float x0 = acc[e] * inv[half], x1 = acc[e + 1] * inv[half];
@@ -354,11 +359,7 @@ __device__ __forceinline__ bool wg_write_rows(const MutView out, const float (&a
         x0 *= dphi_of_phi(kMap, q2.x);
         x1 *= dphi_of_phi(kMap, q2.y);
       }
-      finite[half] = fmaf(x1, 0.f, fmaf(x0, 0.f, finite[half]));
       return pack2<T>(x0, x1);
-    };
-    auto any_nonfinite = [&]() {
-      return (r0 < cl && finite[0] != 0.f) || (r0 + 8 < cl && finite[1] != 0.f);
     };
     if constexpr (kBatch == 16) load_raw(0);  // every pair, before either way of storing
     if (scratch != nullptr && wg_aligned16(out)) {
@@ -384,7 +385,7 @@ __device__ __forceinline__ bool wg_write_rows(const MutView out, const float (&a
 #pragma unroll
       for (int k = 0; k < 4; ++k, o += rows4)
         if (r + 4 * k < cl) *reinterpret_cast<uint4*>(o) = v[k];
-      return any_nonfinite();
+      return;
     }
     T* const o0 = row<T>(out, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0);
     T* const orow[2] = {o0, o0 + 8 * out.stride_t};
@@ -394,14 +395,17 @@ __device__ __forceinline__ bool wg_write_rows(const MutView out, const float (&a
       const int half = (e >> 1) & 1;
       if (r0 + 8 * half < cl) *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = packed(e);
     }
-    return any_nonfinite();
   };
   using Identity = std::integral_constant<FeatureMap, FeatureMap::kIdentity>;
   using Elu1 = std::integral_constant<FeatureMap, FeatureMap::kElu1>;
   using Relu = std::integral_constant<FeatureMap, FeatureMap::kRelu>;
-  if (!dphi_of || fm == FeatureMap::kIdentity) return write(Identity{});
-  if (fm == FeatureMap::kElu1) return write(Elu1{});
-  return write(Relu{});
+  if (!dphi_of || fm == FeatureMap::kIdentity)
+    write(Identity{});
+  else if (fm == FeatureMap::kElu1)
+    write(Elu1{});
+  else
+    write(Relu{});
+  return nonfinite;
 }
 
 }  // namespace attnrnn::cuda
