@@ -170,7 +170,10 @@ def linear_attn_step(
             float32 (float64 for float64 inputs): a pool of P >= B rows.
         state_indices: optional int32/int64 [B]: the pool row of each batch entry; a negative
             index skips the entry (its output is zero and no row changes). Indices must be
-            distinct and < P. Without it, entry b uses row b.
+            distinct and < P. On CPU a duplicate raises ValueError; on CUDA (where checking would
+            need a host sync) the rows sharing an index get NaN outputs and the pool row is
+            updated once, by the first of them. Likewise an index >= P raises ValueError on CPU
+            and gives NaN outputs, changing no row, on CUDA. Without it, entry b uses row b.
         scale, normalize, feature_map, eps: as in :func:`chunk_linear_attn`.
 
     Returns:

@@ -6,6 +6,8 @@ import torch
 from cases import Case, make_inputs, run
 from numerics import R2_TOL, relative_rms
 
+from conftest import HAS_CUDA
+
 DT = [torch.float32, torch.bfloat16]
 
 
@@ -109,6 +111,62 @@ def test_step_state_indices_address_pool_rows_and_skip_negative(ar, ref, device,
         torch.testing.assert_close(S[row], S_ref[row].float())
         torch.testing.assert_close(z[row], z_ref[row].float())
         assert not torch.equal(S[row], before_S[row])
+
+
+# Rows 3 and 1 are named twice, padding (-1) may repeat, rows 2 and 4-7 of the pool of 8 are named
+# by nobody. As the kernel defines it, the batch is the one where the later entries of a shared row
+# are padding.
+DUP_INDICES = [3, 1, 3, 0, 1, -1, -1]
+DUP_AS_UPDATED = [3, 1, -1, 0, -1, -1, -1]
+DUP_SHAPES = [(4, 2, 64, 64)]
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "unnorm"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("heads", DUP_SHAPES,
+                         ids=[f"B{len(DUP_INDICES)}-H{h}-Hkv{g}-K{k}-V{v}" for h, g, k, v in DUP_SHAPES])
+def test_cuda_step_duplicate_indices_poison_their_rows_and_update_the_row_once(ar, ref, heads, dtype, normalize,
+                                                                               index_dtype):
+    """CUDA cannot reject a duplicate state index without a host sync (the CPU raises ValueError):
+    every entry whose pool row another entry names too outputs NaN, for every head; the row is
+    updated once, by the first entry naming it; unique entries and other rows are bitwise unaffected."""
+    (H, Hkv, K, V), B, P = heads, len(DUP_INDICES), 8
+    gen = torch.Generator().manual_seed(11)
+    mk = lambda *s: torch.randn(*s, generator=gen).cuda()  # noqa: E731
+    q, k, v = mk(B, H, K).to(dtype), mk(B, Hkv, K).to(dtype), mk(B, Hkv, V).to(dtype)
+    S0 = mk(P, Hkv, K, V)
+    z0 = (torch.rand(P, Hkv, K, generator=gen) + 1).cuda() if normalize else None
+    kw = dict(feature_map="elu1" if normalize else None, normalize=normalize)
+
+    def step(indices):
+        S, z = S0.clone(), z0.clone() if normalize else None
+        idx = torch.tensor(indices, dtype=index_dtype, device="cuda")
+        return ar.linear_attn_step(q, k, v, (S, z), state_indices=idx, **kw), S, z
+
+    o, S, z = step(DUP_INDICES)
+    # The same kernel on the same grid (same B): bitwise comparable.
+    o_one, S_one, z_one = step(DUP_AS_UPDATED)
+    shared, unique, padding, untouched = [0, 1, 2, 4], [3], [5, 6], [2, 4, 5, 6, 7]
+    assert torch.isnan(o[shared]).all(), "every entry of a shared row outputs NaN"
+    assert torch.equal(o[unique], o_one[unique]) and not o_one[unique].isnan().any()
+    assert torch.equal(o[padding], torch.zeros_like(o[padding]))
+    assert torch.equal(S, S_one), "rows 3 and 1 updated by their first entries only, once"
+    assert torch.equal(S[untouched], S0[untouched])
+    assert all(not torch.equal(S[r], S0[r]) for r in (3, 1, 0))
+    if normalize:
+        assert torch.equal(z, z_one) and torch.equal(z[untouched], z0[untouched])
+
+    # ... and that batch is stepped right: against the reference, first entries only.
+    S_ref, z_ref = S0.double(), z0.double() if normalize else None
+    o_ref = ref.linear_attn_step(q.double(), k.double(), v.double(), (S_ref, z_ref),
+                                 state_indices=torch.tensor(DUP_AS_UPDATED), **kw)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
+    torch.testing.assert_close(o[unique], o_ref[unique].to(dtype), **tol)
+    torch.testing.assert_close(S, S_ref.float(), rtol=1e-5, atol=1e-5)
+    if normalize:
+        torch.testing.assert_close(z, z_ref.float(), rtol=1e-5, atol=1e-5)
 
 
 def test_step_skips_padding_rows_over_poisoned_output_memory(ar, device):

@@ -12,7 +12,8 @@ from conftest import HAS_CUDA
 CUDA_ONLY = pytest.mark.skipif(not HAS_CUDA, reason="needs a second device")
 # Values inside device tensors (cu_seqlens offsets, state_indices rows) are checked on the CPU only:
 # reading them back would synchronize the GPU. On CUDA the kernels clamp offsets and skip rows
-# outside the pool (test_cuda.py checks that nothing is read or written out of bounds).
+# outside the pool (test_cuda.py checks that nothing is read or written out of bounds), and give
+# entries that share a row NaN outputs (test_decode.py).
 VALUES_CHECKED_ON_CPU = "values"
 
 

@@ -7,6 +7,9 @@
 // partial q'_h S products of GT heads in registers, and reduce them across row sets in shared memory.
 // A thread's state rows are loaded kStepBatchRows at a time and the next batch is in flight while the
 // current one is updated and stored; the first batch is issued before the q/k/v preamble.
+// Pool rows named by several batch entries (the CPU rejects them; CUDA cannot without a host sync):
+// every entry sharing a row outputs NaN, and the row is updated once, by the first entry (lowest b)
+// that names it, as if it alone named the row; the later ones write no state.
 #pragma once
 
 #include "args.cuh"
@@ -23,7 +26,8 @@ constexpr int kStepBatchRows = 4;
 
 // Shared memory of one block, in accumulator elements.
 inline int64_t step_smem(int64_t K, int64_t BV, int64_t G, int GT, int row_sets) {
-  return K                               // kf  [K]      phi(k)
+  return 1                               // poisoned (an int): a later batch entry names this pool row
+         + K                             // kf  [K]      phi(k)
          + G * K                         // qf  [G][K]   scale * phi(q)
          + BV                            // vf  [BV]     this block's value columns
          + K                             // zf  [K]      updated key sum
@@ -85,12 +89,14 @@ __global__ void __launch_bounds__(kStepThreads) step_kernel(const LinearAttnStep
   const int64_t r = load_index(p, b);
 
   T* out = static_cast<T*>(p.o.data);
+  auto fill_out = [&](A value) {
+    for (int i = tid; i < G * BV; i += kStepThreads)
+      out[b * p.o.stride_b + (g * G + i / BV) * p.o.stride_h + c0 + i % BV] = from_acc<T, A>(value);
+  };
   if (r < 0 || r >= p.pool_size) {
     // A negative index is padding (zeros); an index past the pool cannot be reported without a
     // device sync, so its outputs are NaN and no state row changes.
-    const A fill = r < 0 ? A(0) : A(NAN);
-    for (int i = tid; i < G * BV; i += kStepThreads)
-      out[b * p.o.stride_b + (g * G + i / BV) * p.o.stride_h + c0 + i % BV] = from_acc<T, A>(fill);
+    fill_out(r < 0 ? A(0) : A(NAN));
     return;
   }
 
@@ -110,19 +116,41 @@ __global__ void __launch_bounds__(kStepThreads) step_kernel(const LinearAttnStep
   Vec<A, W> batch[R];
   load_batch(batch, set);
 
+  // ---- the duplicate scan: other batch entries naming row r, while the first batch is in flight ----
+  // Each block compares its index with all B of them, the same B ints for every block (L2-resident):
+  // at most one load per thread for B <= 256, B * 4 bytes (int64: 8) against the 2 * K * BV * 4
+  // bytes of fp32 state the block reads and writes in DRAM (1 KiB against 128 KiB at B = 256,
+  // K = V = 128). Its block-wide OR rides on phase 1's barrier, which the kernel has anyway; the
+  // verdict "a later entry names r too" waits in shared memory (at offset 0: no address to keep),
+  // because a flag kept in a register through phase 2 spilled at GT = 2. A separate detection
+  // kernel would add a launch, about the whole step's time at small B (B1 H32 D128: 3.6 us), and a
+  // scratch array to clear per call. A later entry's block may load rows of r in phase 0 while the
+  // first entry's block writes them: it returns without using them.
+  constexpr int kEarlier = 1, kLater = 2;  // an entry before b names row r / one after b does
+  int shared_with = 0;
+  if (p.state_indices != nullptr)
+    for (int64_t i = tid; i < p.batch; i += kStepThreads)
+      if (i != b && load_index(p, i) == r) shared_with |= i < b ? kEarlier : kLater;
+
   // ---- phase 1: phi(k), scale * phi(q), v and the updated key sum into shared memory ----
-  A* kf = reinterpret_cast<A*>(smem_bytes);
+  int& poisoned = *reinterpret_cast<int*>(smem_bytes);  // this entry's outputs are NaN
+  A* kf = reinterpret_cast<A*>(smem_bytes) + 1;
   A* qf = kf + K;
   A* vf = qf + G * K;
   A* zf = vf + BV;
   A* den = zf + K;
   A* red = den + G;
+  if (tid == 0) poisoned = 0;
 
   for (int k = tid; k < K; k += kStepThreads) kf[k] = phi(p.feature_map, to_acc<A>(step_row<T>(p.k, b, g)[k]));
   for (int i = tid; i < G * K; i += kStepThreads)
     qf[i] = scale * phi(p.feature_map, to_acc<A>(step_row<T>(p.q, b, g * G + i / K)[i % K]));
   for (int v = tid; v < BV; v += kStepThreads) vf[v] = to_acc<A>(step_row<T>(p.v, b, g)[c0 + v]);
-  __syncthreads();
+  if (__syncthreads_or(shared_with & kEarlier)) {  // row r belongs to an earlier entry: no state write
+    fill_out(A(NAN));
+    return;
+  }
+  if (shared_with & kLater) poisoned = 1;  // read after the barrier before the output reduction
 
   if (p.normalize) {
     A* z = static_cast<A*>(p.z) + state_row * K;
@@ -190,7 +218,7 @@ __global__ void __launch_bounds__(kStepThreads) step_kernel(const LinearAttnStep
       A o = 0;
       for (int s = 0; s < row_sets; ++s) o += red[(s * GT + j) * BV + v];
       if (p.normalize) o /= den[h];
-      out[b * p.o.stride_b + (g * G + h) * p.o.stride_h + c0 + v] = from_acc<T, A>(o);
+      out[b * p.o.stride_b + (g * G + h) * p.o.stride_h + c0 + v] = from_acc<T, A>(poisoned ? A(NAN) : o);
     }
     __syncthreads();
   }
