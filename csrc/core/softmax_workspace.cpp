@@ -4,6 +4,10 @@
 
 namespace attnrnn {
 
+int64_t softmax_attn_fwd_workspace_bytes(const SoftmaxAttnParams& params) {
+  return plan::fwd_workspace_bytes(params);
+}
+
 int64_t softmax_attn_bwd_workspace_bytes(const SoftmaxAttnParams& params) {
   return plan::bwd_workspace_bytes(params);
 }

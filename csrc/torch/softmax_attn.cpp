@@ -100,6 +100,8 @@ std::tuple<at::Tensor, at::Tensor> softmax_attn_fwd(const at::Tensor& q, const a
   at::Tensor lse = at::empty({p.batch, p.num_heads, p.seqlen_q}, q.options().dtype(state_scalar_type(q)));
   p.o = mut_view(o);
   p.lse = lse.data_ptr();
+  const at::Tensor workspace = scratch(attnrnn::softmax_attn_fwd_workspace_bytes(p), q);
+  p.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
   check_status(attnrnn::softmax_attn_fwd(p), op);
   return {o, lse};
 }

@@ -215,8 +215,9 @@ struct SoftmaxAttnParams {
   double scale = 1.0;
   bool causal = true;
 
-  // Device scratch of softmax_attn_bwd_workspace_bytes(params) bytes (backward on CUDA: D_i per
-  // query, laid out like lse); 256-byte aligned. Unused by the forward and on the CPU.
+  // Device scratch of softmax_attn_{fwd,bwd}_workspace_bytes(params) bytes on CUDA (D_i per query,
+  // laid out like lse, for the backward; a few flags for the tensor-core kernels); 256-byte
+  // aligned. Unused on the CPU.
   void* workspace = nullptr;
 
   CpuExecutor executor;
@@ -255,8 +256,10 @@ Status softmax_attn_fwd(const SoftmaxAttnParams& params);
 Status softmax_attn_bwd(const SoftmaxAttnParams& params);
 Status softmax_attn_step(const SoftmaxAttnStepParams& params);
 
-// Bytes of device scratch these calls need in params.workspace (0 on the CPU). The step's depends
-// on batch, num_heads, num_kv_heads, head_dim_v, max_seqlen, split_size and dtype only.
+// Bytes of device scratch these calls need in params.workspace (0 on the CPU). They depend on the
+// shapes, dtype, cu_seqlens (whether given, and num_seqs) and device, not on the pointers; the
+// step's on batch, num_heads, num_kv_heads, head_dim_v, max_seqlen, split_size and dtype only.
+int64_t softmax_attn_fwd_workspace_bytes(const SoftmaxAttnParams& params);
 int64_t softmax_attn_bwd_workspace_bytes(const SoftmaxAttnParams& params);
 int64_t softmax_attn_step_workspace_bytes(const SoftmaxAttnStepParams& params);
 

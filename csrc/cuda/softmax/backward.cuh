@@ -11,7 +11,8 @@
 // Rows with lse = -inf (no key) and rows past the end get lse = +inf in log2 units: P = 0.
 //
 // Tensor-core kernels (bf16/fp16, D = Dv in {64, 128}); the generic ones are in
-// softmax_bwd_generic.cuh.
+// generic_backward.cuh, and write again the (sequence, kv head)s whose dq, dk or dv the
+// tensor-core kernels wrote not finite (common.cuh, non-finite values).
 #pragma once
 
 #include "common.cuh"
@@ -59,7 +60,8 @@ struct DqSmem {
 };
 
 template <class T, int D, int W>
-__global__ void __launch_bounds__(32 * W) bwd_dq_tc_kernel(const SoftmaxAttnParams p, int64_t per_head) {
+__global__ void __launch_bounds__(32 * W) bwd_dq_tc_kernel(const SoftmaxAttnParams p, int64_t per_head,
+                                                            unsigned* nonfinite) {
   using L = DqSmem<D, W>;
   constexpr int P = L::P, Br = L::Br, Bc = kDqBc, NT = Bc / 8, DT = D / 8, THREADS = 32 * W;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -143,7 +145,7 @@ __global__ void __launch_bounds__(32 * W) bwd_dq_tc_kernel(const SoftmaxAttnPara
   cp_async_wait<0>();
   __syncthreads();
   const float f[2] = {static_cast<float>(p.scale), static_cast<float>(p.scale)};
-  stage_acc<T, D>(Qs, P, r0, dQ, f, lane);
+  note_nonfinite(nonfinite, pos.n * p.num_kv_heads + kvh, stage_acc<T, D>(Qs, P, r0, dQ, f, lane, rows - r0));
   __syncwarp();
   store_tile<16, D, P, 32>(Qs + r0 * P, p.dq, s.b, s.q0 + i0 + r0, h, rows - r0, lane);
 }
@@ -166,7 +168,8 @@ struct DkvSmem {
 };
 
 template <class T, int D>
-__global__ void __launch_bounds__(kDkvThreads, 1) bwd_dkv_tc_kernel(const SoftmaxAttnParams p, int64_t per_head) {
+__global__ void __launch_bounds__(kDkvThreads, 1) bwd_dkv_tc_kernel(const SoftmaxAttnParams p, int64_t per_head,
+                                                                    unsigned* nonfinite) {
   using L = DkvSmem<D>;
   constexpr int P = L::P, Bc = kDkvBc, Br = kDkvBr, NT = Br / 8, DT = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -266,8 +269,9 @@ __global__ void __launch_bounds__(kDkvThreads, 1) bwd_dkv_tc_kernel(const Softma
   cp_async_wait<0>();
   __syncthreads();
   const float fk[2] = {static_cast<float>(p.scale), static_cast<float>(p.scale)}, fv[2] = {1.f, 1.f};
-  stage_acc<T, D>(Ks, P, r0, dK, fk, lane);
-  stage_acc<T, D>(Vs, P, r0, dV, fv, lane);
+  const bool bad_k = stage_acc<T, D>(Ks, P, r0, dK, fk, lane, nkeys - r0);
+  const bool bad_v = stage_acc<T, D>(Vs, P, r0, dV, fv, lane, nkeys - r0);
+  note_nonfinite(nonfinite, pos.n * p.num_kv_heads + kvh, bad_k || bad_v);
   __syncwarp();
   store_tile<16, D, P, 32>(Ks + r0 * P, p.dk, s.b, s.k0 + j0 + r0, kvh, nkeys - r0, lane);
   store_tile<16, D, P, 32>(Vs + r0 * P, p.dv, s.b, s.k0 + j0 + r0, kvh, nkeys - r0, lane);

@@ -67,6 +67,7 @@ inline int64_t blocks_per_head(const SoftmaxAttnParams& p, int64_t T, int blk) {
 
 struct BlockPos {
   Seq s;
+  int64_t n;            // the sequence: batch entry, or packed sequence with cu_seqlens
   int64_t head, start;  // start: first query (or key) of the block within the sequence
 };
 
@@ -88,6 +89,7 @@ __device__ __forceinline__ bool locate_block(const SoftmaxAttnParams& p, int64_t
     n = lo;
     j = r - (cu_at(p, n) / blk + n);
   }
+  out.n = n;
   out.s = sequence(p, n);
   const int64_t len = keys ? out.s.Lk : out.s.Lq;
   const int64_t nb = (len + blk - 1) / blk;
@@ -104,6 +106,27 @@ __device__ __forceinline__ int block_limit(int64_t e, int n) {
 // lse / D element of query i (within the sequence) of head h: [B, H, Tq] layout.
 __device__ __forceinline__ int64_t row_index(const SoftmaxAttnParams& p, const Seq& s, int64_t h, int64_t i) {
   return (s.b * p.num_heads + h) * p.seqlen_q + s.q0 + i;
+}
+
+// ---- non-finite values in the tensor-core kernels ------------------------------------------------
+// The tensor-core kernels set a masked score's P to 0 and then multiply the whole block's rows by
+// it, so a NaN or Inf in a later key's k or v (0 * NaN = NaN), or in an earlier query's q or o in
+// the dk/dv kernel, would reach rows that do not depend on it. The generic kernels are causal by
+// construction: each row sums only over the rows it sees (a compare per row, not a multiply by
+// 0). A row so reached is not finite, so each tensor-core kernel notes a unit whose rows it wrote
+// are not finite (stage_acc's check, one FFMA per element) in flags cleared on the call's stream
+// first; the generic kernels then run for the same call and write every output of a flagged unit
+// again, exactly, and return at once for every other. The unit is a (sequence, query head) in the
+// forward (o, lse) and a (sequence, kv head) in the backward, whose dk, dv sum over the group's
+// query heads: the generic kernels overwrite dq of each of its heads and dk, dv of the kv head
+// (no atomics, nothing accumulates into memory). Flags: plan::{fwd,bwd}_flag_count.
+__device__ __forceinline__ void note_nonfinite(unsigned* flags, int64_t unit, bool bad) {
+  if (bad) atomicOr(flags + unit, 1u);
+}
+// Whether a generic kernel's block has work: always in a generic call (no flags), only for a
+// flagged unit when it repairs a tensor-core call.
+__device__ __forceinline__ bool generic_block_runs(const unsigned* flags, int64_t unit) {
+  return flags == nullptr || flags[unit] != 0u;
 }
 
 // ---- warp reductions ----------------------------------------------------------------------------
@@ -319,17 +342,23 @@ __device__ __forceinline__ void mma_cy(float (&c)[M / 8][4], const float (&x)[N 
 }
 
 // Writes accumulators c[N/8][4] of a warp's 16 rows (scaled by f[row half]) into a shared tile
-// at rows [r0, r0+16) as T (pitch P), for a coalesced store_tile afterwards.
+// at rows [r0, r0+16) as T (pitch P), for a coalesced store_tile afterwards. Returns whether a
+// value of the warp's rows [0, valid) (the rows stored) is not finite (note_nonfinite): x * 0 is 0
+// for a finite x and NaN otherwise, one FFMA per element into a sum per row.
 template <class T, int N>
-__device__ __forceinline__ void stage_acc(T* tile, int P, int r0, const float (&c)[N / 8][4], const float (&f)[2],
-                                          int lane) {
+__device__ __forceinline__ bool stage_acc(T* tile, int P, int r0, const float (&c)[N / 8][4], const float (&f)[2],
+                                          int lane, int64_t valid) {
   const int g = lane >> 2, t2 = (lane & 3) * 2;
+  float finite[2] = {0.f, 0.f};  // rows g and g + 8: 0 while every value is finite
 #pragma unroll
   for (int ni = 0; ni < N / 8; ++ni)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      *reinterpret_cast<uint32_t*>(tile + (r0 + g + 8 * h) * P + ni * 8 + t2) =
-          pack2<T>(c[ni][2 * h] * f[h], c[ni][2 * h + 1] * f[h]);
+    for (int h = 0; h < 2; ++h) {
+      const float x0 = c[ni][2 * h] * f[h], x1 = c[ni][2 * h + 1] * f[h];
+      finite[h] = fmaf(x1, 0.f, fmaf(x0, 0.f, finite[h]));
+      *reinterpret_cast<uint32_t*>(tile + (r0 + g + 8 * h) * P + ni * 8 + t2) = pack2<T>(x0, x1);
+    }
+  return (g < valid && finite[0] != 0.f) || (g + 8 < valid && finite[1] != 0.f);
 }
 
 // 16-byte alignment of every row of a view of 2-byte elements (cp.async / vector stores).

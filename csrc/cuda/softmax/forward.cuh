@@ -11,10 +11,12 @@
 //   finish   o = O / l, lse = (m + log2 l) ln 2; o = 0 and lse = -inf for a query with no key
 // Causal: only key blocks that some row sees are visited; only those past the keys every row
 // sees are masked. Q is re-read from shared memory per key block (ldmatrix) to stay under 128
-// registers, 2 blocks per SM.
+// registers, 2 blocks per SM. A (sequence, head) with an o that is not finite is written again by
+// the generic kernel (common.cuh, non-finite values).
 //
 // Generic kernel (every dtype and head dim, CUDA cores): 8 warps x RQ query rows, key blocks of
 // 32 (lane = key for the scores, lane = value column for P V), accumulators in A = float/double.
+// Each row reads only the keys it sees; with flags it runs for the flagged (sequence, head)s only.
 #pragma once
 
 #include "common.cuh"
@@ -35,7 +37,8 @@ struct FwdTcSmem {
 };
 
 template <class T, int D>
-__global__ void __launch_bounds__(kFwdThreads, 2) fwd_tc_kernel(const SoftmaxAttnParams p, int64_t per_head) {
+__global__ void __launch_bounds__(kFwdThreads, 2) fwd_tc_kernel(const SoftmaxAttnParams p, int64_t per_head,
+                                                                 unsigned* nonfinite) {
   using L = FwdTcSmem<D>;
   constexpr int P = L::P, Bc = kFwdBc, NT = Bc / 8, DT = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -148,9 +151,9 @@ __global__ void __launch_bounds__(kFwdThreads, 2) fwd_tc_kernel(const SoftmaxAtt
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
   }
-  stage_acc<T, D>(Qs, P, r0, O, inv, lane);
-  __syncwarp();
   const int64_t warp_rows = rows - r0;
+  note_nonfinite(nonfinite, pos.n * p.num_heads + h, stage_acc<T, D>(Qs, P, r0, O, inv, lane, warp_rows));
+  __syncwarp();
   store_tile<16, D, P, 32>(Qs + r0 * P, p.o, s.b, s.q0 + i0 + r0, h, warp_rows, lane);
   if ((lane & 3) == 0) {
     float* lse = static_cast<float*>(p.lse);
@@ -174,7 +177,8 @@ struct FwdGenSmem {
 };
 
 template <class T, int RQ>
-__global__ void __launch_bounds__(kGenThreads) fwd_generic_kernel(const SoftmaxAttnParams p, int64_t per_head) {
+__global__ void __launch_bounds__(kGenThreads) fwd_generic_kernel(const SoftmaxAttnParams p, int64_t per_head,
+                                                                  const unsigned* nonfinite) {
   using A = typename AccOf<T>::type;
   constexpr int Bq = kGenWarps * RQ;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -185,6 +189,7 @@ __global__ void __launch_bounds__(kGenThreads) fwd_generic_kernel(const SoftmaxA
 
   BlockPos pos;
   if (!locate_block(p, blockIdx.x, per_head, Bq, p.num_heads, false, true, pos)) return;
+  if (!generic_block_runs(nonfinite, pos.n * p.num_heads + pos.head)) return;
   const Seq& s = pos.s;
   const int64_t h = pos.head, kvh = h / (p.num_heads / p.num_kv_heads), i0 = pos.start;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -222,10 +227,12 @@ __global__ void __launch_bounds__(kGenThreads) fwd_generic_kernel(const SoftmaxA
 
     // Scores of key j0 + lane against the warp's rows; online softmax across the warp.
     A sc[RQ];
+    int seen[RQ];  // keys of the block each row sees
     row_dots(sc, Qs + warp * D, Ks + lane * (D + 1), D);
 #pragma unroll
     for (int i = 0; i < RQ; ++i) {
-      const A x = j0 + lane < lim[i] ? sc[i] * scale : neg_inf<A>();
+      seen[i] = block_limit(lim[i] - j0, nk);
+      const A x = lane < seen[i] ? sc[i] * scale : neg_inf<A>();
       const A m_new = fmax(m[i], warp_max(x));
       const A m_use = m_new == neg_inf<A>() ? A(0) : m_new;
       const A alpha = exp_of<A>(m[i] - m_use);
@@ -238,8 +245,8 @@ __global__ void __launch_bounds__(kGenThreads) fwd_generic_kernel(const SoftmaxA
     }
     __syncwarp();
 
-    // Values: o += P V of the block.
-    accumulate_block(o, Ps + warp * kGenBk, Vs, Dv, Dv, nk, lane);
+    // Values: o += P V of the keys each row sees.
+    accumulate_block(o, Ps + warp * kGenBk, Vs, Dv, Dv, seen, lane);
   }
 
   // Finish: o = O / l, lse = m + log l.

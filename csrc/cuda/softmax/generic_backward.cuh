@@ -6,6 +6,11 @@
 // the scores and lane = column for dS K; dk/dv: warp w owns key rows w + 8 i (i < RK), lane =
 // query of a 32-query block for the scores and lane = column for Pᵀ dO and dSᵀ Q. Each block's
 // product is summed first and then added to the running sum (short fp32 summation chains).
+//
+// Causal by construction: a masked P or dS is selected as 0 (not P times a difference that may
+// not be finite), and each row's sums read only the rows it sees: dq the keys up to its last, dk
+// and dv the queries from the first that sees the key. With flags (a tensor-core call's repair,
+// common.cuh) a block runs only for a flagged (sequence, kv head).
 #pragma once
 
 #include "forward.cuh"
@@ -38,7 +43,8 @@ struct DkvGenSmem {
 };
 
 template <class T, int RQ>
-__global__ void __launch_bounds__(kGenThreads) bwd_dq_generic_kernel(const SoftmaxAttnParams p, int64_t per_head) {
+__global__ void __launch_bounds__(kGenThreads) bwd_dq_generic_kernel(const SoftmaxAttnParams p, int64_t per_head,
+                                                                     const unsigned* nonfinite) {
   using A = typename AccOf<T>::type;
   constexpr int Bq = kGenWarps * RQ;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -51,6 +57,7 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dq_generic_kernel(const Softm
   if (!locate_block(p, blockIdx.x, per_head, Bq, p.num_heads, false, true, pos)) return;
   const Seq& s = pos.s;
   const int64_t h = pos.head, kvh = h / (p.num_heads / p.num_kv_heads), i0 = pos.start;
+  if (!generic_block_runs(nonfinite, pos.n * p.num_kv_heads + kvh)) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t rows = s.Lq - i0 < Bq ? s.Lq - i0 : Bq;
   const int64_t kend = s.key_end(i0 + rows - 1);
@@ -108,15 +115,17 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dq_generic_kernel(const Softm
 #pragma unroll
       for (int i = 0; i < RQ; ++i) dp[i] += dOs[(warp + kGenWarps * i) * Dv + d] * vv;
     }
+    int seen[RQ];  // keys of the block each row sees
 #pragma unroll
     for (int i = 0; i < RQ; ++i) {
-      const A pr = j0 + lane < lim[i] ? exp_of<A>(sc[i] * scale - lse_r[i]) : A(0);
-      dSs[(warp + kGenWarps * i) * kGenBk + lane] = pr * (dp[i] - D_r[i]);
+      seen[i] = block_limit(lim[i] - j0, nk);
+      dSs[(warp + kGenWarps * i) * kGenBk + lane] =
+          lane < seen[i] ? exp_of<A>(sc[i] * scale - lse_r[i]) * (dp[i] - D_r[i]) : A(0);
     }
     __syncwarp();
 
-    // dQ += dS K, block by block.
-    accumulate_block(dq, dSs + warp * kGenBk, Ks, D + 1, D, nk, lane);
+    // dQ += dS K over the keys each row sees, block by block.
+    accumulate_block(dq, dSs + warp * kGenBk, Ks, D + 1, D, seen, lane);
   }
 
 #pragma unroll
@@ -128,7 +137,8 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dq_generic_kernel(const Softm
 }
 
 template <class T, int RK>
-__global__ void __launch_bounds__(kGenThreads) bwd_dkv_generic_kernel(const SoftmaxAttnParams p, int64_t per_head) {
+__global__ void __launch_bounds__(kGenThreads) bwd_dkv_generic_kernel(const SoftmaxAttnParams p, int64_t per_head,
+                                                                      const unsigned* nonfinite) {
   using A = typename AccOf<T>::type;
   constexpr int Bk = kGenWarps * RK;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -140,6 +150,7 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dkv_generic_kernel(const Soft
 
   BlockPos pos;
   if (!locate_block(p, blockIdx.x, per_head, Bk, p.num_kv_heads, true, false, pos)) return;
+  if (!generic_block_runs(nonfinite, pos.n * p.num_kv_heads + pos.head)) return;
   const Seq& s = pos.s;
   const int64_t kvh = pos.head, G = p.num_heads / p.num_kv_heads, j0 = pos.start;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -158,10 +169,13 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dkv_generic_kernel(const Soft
     Vs[e] = r < nkeys ? to_acc<A>(row<T>(p.v, s.b, s.k0 + j0 + r, kvh)[e % Dv]) : A(0);
   }
   A dk[RK][kGenCols], dv[RK][kGenCols];
+  int64_t first[RK];  // the first query that sees each of the warp's keys
 #pragma unroll
-  for (int i = 0; i < RK; ++i)
+  for (int i = 0; i < RK; ++i) {
+    first[i] = s.first_query(j0 + warp + kGenWarps * i);
 #pragma unroll
     for (int jj = 0; jj < kGenCols; ++jj) dk[i][jj] = dv[i][jj] = A(0);
+  }
 
   for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
     for (int64_t i0 = i_first; i0 < s.Lq; i0 += kGenBk) {
@@ -193,11 +207,19 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dkv_generic_kernel(const Soft
         const bool live = lane < nq && lq != neg_inf<A>() && j0 + kr < kvis;
         const A pr = live ? exp_of<A>(sc[i] * scale - lq) : A(0);
         Ps[kr * kGenBk + lane] = pr;
-        dSs[kr * kGenBk + lane] = pr * (dp[i] - dq);
+        dSs[kr * kGenBk + lane] = live ? pr * (dp[i] - dq) : A(0);
       }
       __syncwarp();
 
-      // dV += Pᵀ dO, dK += dSᵀ Q, block by block.
+      // dV += Pᵀ dO, dK += dSᵀ Q over the queries of the block that see each key (from[i] on; those
+      // every key sees without the compare), block by block.
+      int from[RK], any = nq, all = 0;
+#pragma unroll
+      for (int i = 0; i < RK; ++i) {
+        from[i] = block_limit(first[i] - i0, nq);
+        any = min(any, from[i]);
+        all = max(all, from[i]);
+      }
 #pragma unroll
       for (int jj = 0; jj < kGenCols; ++jj) {
         const int col = lane + 32 * jj;
@@ -205,16 +227,19 @@ __global__ void __launch_bounds__(kGenThreads) bwd_dkv_generic_kernel(const Soft
         A pv[RK], pk[RK];
 #pragma unroll
         for (int i = 0; i < RK; ++i) pv[i] = pk[i] = A(0);
-        for (int q = 0; q < nq; ++q) {
+        auto add = [&](int q, bool seen_by_all) {
           const A ov = col < Dv ? dOs[q * (Dv + 1) + col] : A(0);
           const A qv = col < D ? Qs[q * (D + 1) + col] : A(0);
 #pragma unroll
           for (int i = 0; i < RK; ++i) {
             const int kr = warp + kGenWarps * i;
+            if (!seen_by_all && q < from[i]) continue;
             pv[i] += Ps[kr * kGenBk + q] * ov;
             pk[i] += dSs[kr * kGenBk + q] * qv;
           }
-        }
+        };
+        for (int q = any; q < all; ++q) add(q, false);
+        for (int q = all; q < nq; ++q) add(q, true);
 #pragma unroll
         for (int i = 0; i < RK; ++i) {
           dv[i][jj] += pv[i];

@@ -24,13 +24,21 @@ __device__ __forceinline__ void row_dots(A (&out)[R], const A* x, const A* y, in
   }
 }
 
-// acc[i][jj] += sum over k < n of w[8 i kGenBk + k] m[k ld + col] for the lane's columns
+// acc[i][jj] += sum over k < n[i] of w[8 i kGenBk + k] m[k ld + col] for the lane's columns
 // col = lane + 32 jj < width: the warp's rows of a [rows][kGenBk] weight block (w: the warp's first
-// row) times an [n][ld] value block, i.e. P V or dS K of one block. The block's products are summed
-// first and added to acc once (short summation chains).
+// row) times the value block's rows [0, n[i]) (ld apart), i.e. P V or dS K of one block. Row i
+// reads only the n[i] value rows it sees: a masked weight (0) times a later row's NaN or Inf would
+// reach it. Rows every row sees are summed without the compare (all of a block off the diagonal).
+// The block's products are summed first and added to acc once (short summation chains).
 template <int R, class A>
 __device__ __forceinline__ void accumulate_block(A (&acc)[R][kGenCols], const A* w, const A* m, int ld, int width,
-                                                 int n, int lane) {
+                                                 const int (&n)[R], int lane) {
+  int all = n[0], most = n[0];
+#pragma unroll
+  for (int i = 1; i < R; ++i) {
+    all = min(all, n[i]);
+    most = max(most, n[i]);
+  }
 #pragma unroll
   for (int jj = 0; jj < kGenCols; ++jj) {
     const int col = lane + 32 * jj;
@@ -38,11 +46,14 @@ __device__ __forceinline__ void accumulate_block(A (&acc)[R][kGenCols], const A*
     A part[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) part[i] = A(0);
-    for (int k = 0; k < n; ++k) {
+    auto add = [&](int k, bool seen_by_all) {
       const A mk = m[k * ld + col];
 #pragma unroll
-      for (int i = 0; i < R; ++i) part[i] += w[kGenWarps * i * kGenBk + k] * mk;
-    }
+      for (int i = 0; i < R; ++i)
+        if (seen_by_all || k < n[i]) part[i] += w[kGenWarps * i * kGenBk + k] * mk;
+    };
+    for (int k = 0; k < all; ++k) add(k, true);
+    for (int k = all; k < most; ++k) add(k, false);
 #pragma unroll
     for (int i = 0; i < R; ++i) acc[i][jj] += part[i];
   }

@@ -20,7 +20,10 @@
 //    {64,128})
 //   step, generic      4 warps, 1 head            1 key per warp per step      any dims and dtypes
 // Rows with bad alignment (not 16-byte rows), other head dims and fp32/fp64 take the generic paths.
-// With cu_seqlens, fill_uncovered_kernel runs first: the tokens bad offsets may leave out (softmax_common.cuh).
+// With cu_seqlens, fill_uncovered_kernel runs first: the tokens bad offsets may leave out (common.cuh).
+// After the tensor-core kernels the generic ones run too, with the tensor-core kernels' flags: they
+// write again the units whose results were not finite and return at once elsewhere (common.cuh,
+// non-finite values); the flags are cleared on the call's stream before the tensor-core kernels.
 #pragma once
 
 #include <climits>
@@ -39,9 +42,6 @@ namespace smh {
 template <class T>
 constexpr bool kHalf = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 
-inline bool tensor_core_dims(const SoftmaxAttnParams& p) {
-  return p.head_dim == p.head_dim_v && (p.head_dim == 64 || p.head_dim == 128);
-}
 
 inline Status grid_blocks(int64_t blocks, const char* what, unsigned& out) {
   if (blocks > INT_MAX) return fail(Status::kInvalidArgument, "%s: %lld blocks exceed the grid limit", what, (long long)blocks);
@@ -49,16 +49,28 @@ inline Status grid_blocks(int64_t blocks, const char* what, unsigned& out) {
   return Status::kSuccess;
 }
 
-// Launches kernel over batch x heads x blocks_per_head(blk) blocks.
+// Launches kernel over batch x heads x blocks_per_head(blk) blocks, with the call's non-finite flags
+// (null for a generic call).
 template <class Kernel>
 Status launch_blocks(Kernel kernel, const SoftmaxAttnParams& p, int64_t T, int blk, int64_t heads, int threads,
-                     int64_t smem, const char* what) {
+                     int64_t smem, const char* what, unsigned* flags) {
   const int64_t per = sm::blocks_per_head(p, T, blk);
   unsigned blocks = 0;
   Status s = grid_blocks(p.batch * heads * per, what, blocks);
   if (s == Status::kSuccess) s = allow_smem(kernel, smem, what);
   if (s != Status::kSuccess || blocks == 0) return s;
-  kernel<<<blocks, threads, smem, static_cast<cudaStream_t>(p.stream)>>>(p, per);
+  kernel<<<blocks, threads, smem, static_cast<cudaStream_t>(p.stream)>>>(p, per, flags);
+  return check_launch(what);
+}
+
+// The non-finite flags of a tensor-core call, at byte `at` of the workspace (softmax_plan.h).
+inline unsigned* flags_at(const SoftmaxAttnParams& p, int64_t at) {
+  return reinterpret_cast<unsigned*>(static_cast<char*>(p.workspace) + at);
+}
+
+// Clears them on the call's stream, before the tensor-core kernels set them.
+inline Status clear_flags(const SoftmaxAttnParams& p, unsigned* flags, int64_t count, const char* what) {
+  cudaMemsetAsync(flags, 0, static_cast<size_t>(count) * sizeof(unsigned), static_cast<cudaStream_t>(p.stream));
   return check_launch(what);
 }
 
@@ -80,25 +92,34 @@ template <class T>
 Status launch_softmax_fwd(const SoftmaxAttnParams& p) {
   using A = typename AccOf<T>::type;
   if (p.batch == 0 || p.seqlen_q == 0) return Status::kSuccess;
+  if (plan::fwd_workspace_bytes(p) > 0 && p.workspace == nullptr)
+    return fail(Status::kInvalidArgument, "workspace must hold softmax_attn_fwd_workspace_bytes() = %lld bytes",
+                (long long)plan::fwd_workspace_bytes(p));
   const char* what = "streaming_attn forward";
-  if (const Status s = smh::fill_uncovered<T>(p, false); s != Status::kSuccess) return s;
+  if (const Status s = smh::fill_uncovered<T>(p, false); s != Status::kSuccess || plan::num_sequences(p) == 0)
+    return s;  // no sequence (cu_seqlens of one offset): every token is uncovered
+  unsigned* flags = nullptr;
   if constexpr (smh::kHalf<T>) {
-    if (smh::tensor_core_dims(p) && sm::rows16(p.q, 2) && sm::rows16(p.k, 2) && sm::rows16(p.v, 2) &&
+    if (plan::tensor_core_shape(p) && sm::rows16(p.q, 2) && sm::rows16(p.k, 2) && sm::rows16(p.v, 2) &&
         sm::rows16(p.o, 2)) {
-      if (p.head_dim == 64)
-        return smh::launch_blocks(sm::fwd_tc_kernel<T, 64>, p, p.seqlen_q, sm::kFwdBr, p.num_heads, sm::kFwdThreads,
-                                  sm::FwdTcSmem<64>::kBytes, what);
-      return smh::launch_blocks(sm::fwd_tc_kernel<T, 128>, p, p.seqlen_q, sm::kFwdBr, p.num_heads, sm::kFwdThreads,
-                                sm::FwdTcSmem<128>::kBytes, what);
+      flags = smh::flags_at(p, 0);
+      Status s = smh::clear_flags(p, flags, plan::fwd_flag_count(p), what);
+      if (s == Status::kSuccess)
+        s = p.head_dim == 64 ? smh::launch_blocks(sm::fwd_tc_kernel<T, 64>, p, p.seqlen_q, sm::kFwdBr, p.num_heads,
+                                                  sm::kFwdThreads, sm::FwdTcSmem<64>::kBytes, what, flags)
+                             : smh::launch_blocks(sm::fwd_tc_kernel<T, 128>, p, p.seqlen_q, sm::kFwdBr, p.num_heads,
+                                                  sm::kFwdThreads, sm::FwdTcSmem<128>::kBytes, what, flags);
+      if (s != Status::kSuccess) return s;
     }
   }
+  // The generic kernel: the whole call, or with flags the heads the tensor-core kernel flagged.
   const int64_t big = sm::FwdGenSmem{p.head_dim, p.head_dim_v, 4 * sm::kGenWarps}.total() * int64_t(sizeof(A));
   if (big <= max_dynamic_smem())
     return smh::launch_blocks(sm::fwd_generic_kernel<T, 4>, p, p.seqlen_q, 4 * sm::kGenWarps, p.num_heads,
-                              sm::kGenThreads, big, what);
+                              sm::kGenThreads, big, what, flags);
   const int64_t small = sm::FwdGenSmem{p.head_dim, p.head_dim_v, sm::kGenWarps}.total() * int64_t(sizeof(A));
   return smh::launch_blocks(sm::fwd_generic_kernel<T, 1>, p, p.seqlen_q, sm::kGenWarps, p.num_heads, sm::kGenThreads,
-                            small, what);
+                            small, what, flags);
 }
 
 template <class T>
@@ -124,41 +145,46 @@ Status launch_softmax_bwd(const SoftmaxAttnParams& p) {
     if (s != Status::kSuccess) return s;
   }
   s = smh::fill_uncovered<T>(p, true);
-  if (s != Status::kSuccess) return s;
+  if (s != Status::kSuccess || plan::num_sequences(p) == 0) return s;  // no sequence: as in the forward
 
+  unsigned* flags = nullptr;
   if constexpr (smh::kHalf<T>) {
-    if (smh::tensor_core_dims(p) && sm::rows16(p.q, 2) && sm::rows16(p.k, 2) && sm::rows16(p.v, 2) &&
+    if (plan::tensor_core_shape(p) && sm::rows16(p.q, 2) && sm::rows16(p.k, 2) && sm::rows16(p.v, 2) &&
         sm::rows16(p.dout, 2) && sm::rows16(p.dq, 2) && sm::rows16(p.dk, 2) && sm::rows16(p.dv, 2)) {
       // 2. dq, 3. dk, dv.
-      if (p.head_dim == 64) {
-        s = smh::launch_blocks(sm::bwd_dq_tc_kernel<T, 64, 8>, p, p.seqlen_q, 128, p.num_heads, 256,
-                               sm::DqSmem<64, 8>::kBytes, what_dq);
-        if (s != Status::kSuccess) return s;
-        return smh::launch_blocks(sm::bwd_dkv_tc_kernel<T, 64>, p, p.seqlen_k, sm::kDkvBc, p.num_kv_heads,
-                                  sm::kDkvThreads, sm::DkvSmem<64>::kBytes, what_dkv);
-      }
-      s = smh::launch_blocks(sm::bwd_dq_tc_kernel<T, 128, 4>, p, p.seqlen_q, 64, p.num_heads, 128,
-                             sm::DqSmem<128, 4>::kBytes, what_dq);
+      flags = smh::flags_at(p, plan::bwd_flags_offset(p));
+      s = smh::clear_flags(p, flags, plan::bwd_flag_count(p), what_dq);
+      if (s == Status::kSuccess)
+        s = p.head_dim == 64 ? smh::launch_blocks(sm::bwd_dq_tc_kernel<T, 64, 8>, p, p.seqlen_q, 128, p.num_heads, 256,
+                                                  sm::DqSmem<64, 8>::kBytes, what_dq, flags)
+                             : smh::launch_blocks(sm::bwd_dq_tc_kernel<T, 128, 4>, p, p.seqlen_q, 64, p.num_heads, 128,
+                                                  sm::DqSmem<128, 4>::kBytes, what_dq, flags);
+      if (s == Status::kSuccess)
+        s = p.head_dim == 64 ? smh::launch_blocks(sm::bwd_dkv_tc_kernel<T, 64>, p, p.seqlen_k, sm::kDkvBc,
+                                                  p.num_kv_heads, sm::kDkvThreads, sm::DkvSmem<64>::kBytes, what_dkv,
+                                                  flags)
+                             : smh::launch_blocks(sm::bwd_dkv_tc_kernel<T, 128>, p, p.seqlen_k, sm::kDkvBc,
+                                                  p.num_kv_heads, sm::kDkvThreads, sm::DkvSmem<128>::kBytes, what_dkv,
+                                                  flags);
       if (s != Status::kSuccess) return s;
-      return smh::launch_blocks(sm::bwd_dkv_tc_kernel<T, 128>, p, p.seqlen_k, sm::kDkvBc, p.num_kv_heads,
-                                sm::kDkvThreads, sm::DkvSmem<128>::kBytes, what_dkv);
     }
   }
-  // 2. dq, 3. dk, dv on CUDA cores: 4 rows per warp unless the tiles exceed shared memory.
+  // 2. dq, 3. dk, dv on CUDA cores: the whole call, or with flags the kv heads the tensor-core
+  // kernels flagged. 4 rows per warp unless the tiles exceed shared memory.
   const int64_t limit = max_dynamic_smem(), a = sizeof(A), D = p.head_dim, Dv = p.head_dim_v;
   const int64_t dq4 = sm::DqGenSmem{D, Dv, 4 * sm::kGenWarps}.total() * a;
   const int64_t dq1 = sm::DqGenSmem{D, Dv, sm::kGenWarps}.total() * a;
   s = dq4 <= limit ? smh::launch_blocks(sm::bwd_dq_generic_kernel<T, 4>, p, p.seqlen_q, 4 * sm::kGenWarps, p.num_heads,
-                                        sm::kGenThreads, dq4, what_dq)
+                                        sm::kGenThreads, dq4, what_dq, flags)
                    : smh::launch_blocks(sm::bwd_dq_generic_kernel<T, 1>, p, p.seqlen_q, sm::kGenWarps, p.num_heads,
-                                        sm::kGenThreads, dq1, what_dq);
+                                        sm::kGenThreads, dq1, what_dq, flags);
   if (s != Status::kSuccess) return s;
   const int64_t kv4 = sm::DkvGenSmem{D, Dv, 4 * sm::kGenWarps}.total() * a;
   const int64_t kv1 = sm::DkvGenSmem{D, Dv, sm::kGenWarps}.total() * a;
   return kv4 <= limit ? smh::launch_blocks(sm::bwd_dkv_generic_kernel<T, 4>, p, p.seqlen_k, 4 * sm::kGenWarps,
-                                           p.num_kv_heads, sm::kGenThreads, kv4, what_dkv)
+                                           p.num_kv_heads, sm::kGenThreads, kv4, what_dkv, flags)
                       : smh::launch_blocks(sm::bwd_dkv_generic_kernel<T, 1>, p, p.seqlen_k, sm::kGenWarps,
-                                           p.num_kv_heads, sm::kGenThreads, kv1, what_dkv);
+                                           p.num_kv_heads, sm::kGenThreads, kv1, what_dkv, flags);
 }
 
 namespace smh {
