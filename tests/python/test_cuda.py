@@ -477,3 +477,53 @@ def test_decode_step_under_cuda_graph_replay(ar):
         o_ref = ar.linear_attn_step(q, k, v, (S_ref, z_ref))
         torch.cuda.synchronize()
         assert torch.equal(o, o_ref) and torch.equal(S, S_ref)
+
+
+# A NaN in q, k or v at token t of one (sequence, kv head) on every tensor-core plan: the kernels
+# flag that (sequence, kv head) and the generic kernels write it again (linear/args.cuh), so
+# - the rows the value cannot reach (test_nonfinite_causality.reachable_rows) stay finite and agree
+#   with the call without it, as two kernels in bf16 do;
+# - every other (sequence, kv head) is bitwise the tensor-core result of the call without it.
+# Sequence 0, token 150 (inside a 64- and a 128-token chunk), kv head 0 of 2 (query heads 0 and 1).
+NONFINITE_PLANS = {"default": {}, "mma_sync": {"mma_sync": True}, "segments3": {"segments": 3},
+                   "paired": {"pairing": "always"}, "separate_dk_dv": {"separate_grad_kv": True}}
+
+
+@pytest.mark.parametrize("poisoned", ["q", "k", "v"])
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "unnorm"])
+@pytest.mark.parametrize("D", [64, 128], ids=["K64", "K128"])
+@pytest.mark.parametrize("plan", list(NONFINITE_PLANS))
+def test_tensor_core_plans_keep_a_nan_causal(ar, forced_plan, plan, D, normalize, poisoned):
+    from test_nonfinite_causality import reachable_rows
+
+    B, T, H, Hkv, t = 2, 300, 4, 2, 150
+    g = torch.Generator().manual_seed(D + 2 * normalize)
+    shapes = {"q": (B, T, H, D), "k": (B, T, Hkv, D), "v": (B, T, Hkv, D), "do": (B, T, H, D)}
+    clean = {n: torch.randn(*s, generator=g).to("cuda", bf16) for n, s in shapes.items()}
+    bad = dict(clean, **{poisoned: clean[poisoned].clone()})
+    bad[poisoned][0, t, 0, 0] = float("nan")
+
+    def results(x):
+        leaves = [x[n].clone().requires_grad_() for n in "qkv"]
+        with forced_plan(**NONFINITE_PLANS[plan]):
+            o, _ = ar.chunk_linear_attn(*leaves, feature_map="elu1", normalize=normalize)
+            grads = torch.autograd.grad(o, leaves, x["do"])
+        return dict(zip(("o", "dq", "dk", "dv"), (o.detach(), *grads)))
+
+    want, got = results(clean), results(bad)
+    failures = []
+    for name in ("o", "dq", "dk", "dv"):
+        heads = slice(0, 2) if name in ("o", "dq") else slice(0, 1)  # kv head 0's rows
+        untouched = got[name].clone()
+        untouched[0, :, heads] = want[name][0, :, heads]
+        if not torch.equal(untouched, want[name]):
+            failures.append(f"{name}: rows of another (sequence, kv head) changed")
+        free = torch.ones(T, dtype=torch.bool)
+        free[list(reachable_rows(name, poisoned, t, normalize))] = False
+        rows, ref_rows = got[name][0, free, heads].float(), want[name][0, free, heads].float()
+        if not torch.isfinite(rows).all():
+            failures.append(f"{name}: rows it cannot reach are not finite")
+        elif relative_rms(rows, ref_rows) > 2e-2:
+            failures.append(f"{name}: rows it cannot reach moved by {relative_rms(rows, ref_rows):.2e} (relative RMS)")
+    assert torch.isnan(got["o"][0, t, 0 if poisoned == "q" else slice(0, 2)]).any(), "the bad value vanished"
+    assert not failures, "\n".join(failures)
