@@ -24,6 +24,7 @@ from torch import nn
 
 from ._args import as_finite, as_flag, as_int, check_tensor
 from .nn import AttentionCache, HedgehogFeatureMap, LinearAttention, SoftmaxAttention
+from .nn.cache import checks_on_device, guard, kept, nan_if, poison
 
 __all__ = ["LMConfig", "CausalLM"]
 
@@ -136,11 +137,10 @@ def _check_token_values(input_ids: torch.Tensor, vocab_size: int) -> None:
 
 @torch.library.custom_op("attnrnn_nn::checked_token_ids", mutates_args=())
 def _checked_token_ids(input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """input_ids after _check_token_values, inside a compiled graph: every later use (the embedding,
-    the cache's last token) takes the copy, so none runs before the check. On CUDA nothing is read
-    (that would synchronize the device on every step) and nothing is checked."""
-    if not input_ids.is_cuda:
-        _check_token_values(input_ids, vocab_size)
+    """input_ids after _check_token_values, inside a graph compiled for the CPU: every later use (the
+    embedding, the cache's last token) takes the copy, so none runs before the check. (Compiled on
+    CUDA the ids are checked on the device instead, see CausalLM._check.)"""
+    _check_token_values(input_ids, vocab_size)
     return input_ids.clone()
 
 
@@ -158,7 +158,9 @@ class CausalLM(nn.Module):
 
     With ``cache`` (from :meth:`make_cache`) and ``state_indices [B]`` (allocated slots), the call
     continues those sequences: a prompt (T > 1, chunk kernel) or one token each (T == 1, step
-    kernel). Everything is checked before the cache is written.
+    kernel). Everything is checked before the cache is written: a bad call raises ValueError and
+    changes nothing, except compiled on CUDA, where it changes nothing and returns NaN logits
+    without raising (raising would need a device sync on every call; see ``attnrnn.nn.cache``).
     """
 
     def __init__(self, config: LMConfig):
@@ -206,22 +208,29 @@ class CausalLM(nn.Module):
         return AttentionCache(pools, extras=extras, signature=self.cache_signature())
 
     def _check(self, input_ids, cache, state_indices, ids_in_range=False):
-        """Checks a call; returns (input_ids, the cache's slots or None): under torch.compile the
-        checked copies, which every later step must use (see _checked_token_ids)."""
+        """Checks a call; returns (input_ids, the cache's slots or None, bad): under torch.compile
+        the checked copies, which every later step must use (see _checked_token_ids). Compiled on
+        CUDA nothing raises: ids out of the vocabulary are clamped into it and set ``bad`` (a 0-dim
+        bool tensor; None elsewhere), which poisons the slots; see attnrnn.nn.cache."""
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"input_ids must be an int tensor [B, T], got {input_ids.dtype} {list(input_ids.shape)}")
         compiling = torch.compiler.is_compiling()
+        bad = None
         if not ids_in_range:
-            if compiling:
-                input_ids = torch.ops.attnrnn_nn.checked_token_ids(input_ids, self.config.vocab_size)
+            vocab = self.config.vocab_size
+            if checks_on_device(input_ids.device):  # the embedding must not read past its table
+                bad = ((input_ids < 0) | (input_ids >= vocab)).any()
+                input_ids = input_ids.clamp(0, vocab - 1)
+            elif compiling:
+                input_ids = torch.ops.attnrnn_nn.checked_token_ids(input_ids, vocab)
             else:
-                _check_token_values(input_ids, self.config.vocab_size)
+                _check_token_values(input_ids, vocab)
         if cache is None:
             if state_indices is not None:
                 raise ValueError("state_indices needs a cache")
-            return input_ids, None
+            return input_ids, None, bad
         if not isinstance(cache, AttentionCache):
             raise TypeError(f"cache must be an attnrnn.nn.AttentionCache, got {type(cache).__name__}")
         if cache.signature != self.cache_signature():
@@ -238,26 +247,31 @@ class CausalLM(nn.Module):
             for i, pool in enumerate(cache.layers):
                 if pool.kind == "softmax":
                     idx = pool.check_room(idx, T, i, "input_ids", slots)
-        return input_ids, idx
+        if bad is not None:
+            idx = poison(idx, bad)
+        return input_ids, idx, bad
 
     # -- forward and generation ------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, cache: Optional[AttentionCache] = None,
                 state_indices: Optional[torch.Tensor] = None, *, _ids_in_range: bool = False) -> torch.Tensor:
         """input_ids ``[B, T]`` (int) -> logits ``[B, T, vocab_size]``. (``_ids_in_range``: generate's
         own tokens, sampled from the logits, skip the range check's device read.)"""
-        input_ids, idx = self._check(input_ids, cache, state_indices, _ids_in_range)
+        input_ids, idx, bad = self._check(input_ids, cache, state_indices, _ids_in_range)
+        rows = idx
+        if cache is not None:  # compiled on CUDA: a bad call's rows are read, and written unchanged
+            rows, bad = guard(idx)
         input_ids = input_ids.long()
         h = self.embed(input_ids)
         if self.shift_embed is not None:
             B = input_ids.shape[0]
-            first = cache.extras["last_token"][idx] if cache is not None else input_ids.new_zeros(B)
+            first = cache.extras["last_token"][rows] if cache is not None else input_ids.new_zeros(B)
             prev = torch.cat([first[:, None], input_ids[:, :-1] + 1], dim=1)
             h = h + self.shift_embed(prev)
         for block in self.blocks:
             h = block(h, cache, idx)
         if cache is not None and self.shift_embed is not None and input_ids.shape[1] > 0:
-            cache.extras["last_token"].index_copy_(0, idx, input_ids[:, -1] + 1)
-        return self.head(self.norm(h))
+            cache.extras["last_token"].index_copy_(0, rows, kept(bad, input_ids[:, -1] + 1, lambda: first))
+        return nan_if(bad, self.head(self.norm(h)))
 
     @staticmethod
     def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: Optional[int] = None,

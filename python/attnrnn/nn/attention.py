@@ -12,8 +12,10 @@ Both map ``x [B, T, hidden_size]`` to ``[B, T, hidden_size]`` and have three mod
 
 ``state_indices`` must be distinct allocated slots of the cache (``cache.allocate``); None means
 slots ``0 .. B-1``. The layer reads ``cache.layers[layer_idx]``. All checks happen before the
-cache is written, so a bad call leaves it untouched. The outputs of the cached modes are
-differentiable (the cache itself is not: states are written detached).
+cache is written, so a bad call leaves it untouched: it raises ValueError, except compiled on
+CUDA, where it returns NaN instead (raising would need a device sync; see ``attnrnn.nn.cache``).
+The outputs of the cached modes are differentiable (the cache itself is not: states are written
+detached).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from torch import nn
 
 from .._args import as_finite, as_flag, as_head_dim, as_int, as_scale, check_feature_map_output
 from ..linear_attn import FEATURE_MAPS, chunk_linear_attn, linear_attn_step
-from .cache import AttentionCache, KVPool, LinearStatePool
+from .cache import AttentionCache, KVPool, LinearStatePool, guard, kept, nan_if
 
 __all__ = ["LinearAttention", "SoftmaxAttention"]
 
@@ -182,10 +184,11 @@ class LinearAttention(_Attention):
         """x ``[B, T, hidden_size]`` -> ``[B, T, hidden_size]``; see the module docstring for
         ``cache`` and ``state_indices`` (int ``[B]``)."""
         q, k, v = self._project(x)
-        pool = idx = None
+        pool = idx = rows = bad = None
         if cache is not None:
             pool = self._pool(cache, self.spec())
             idx = cache.check_indices(state_indices, x.shape[0])
+            rows, bad = guard(idx)  # compiled on CUDA: a bad call's rows are read, and written unchanged
         elif state_indices is not None:
             raise ValueError("state_indices needs a cache")
         if self.feature_map is not None:
@@ -197,20 +200,21 @@ class LinearAttention(_Attention):
         if pool is None:
             o, _ = chunk_linear_attn(q, k, v, chunk_size=self.chunk_size, **opts)
         elif x.shape[1] == 1 and not (torch.is_grad_enabled() and (q.requires_grad or v.requires_grad)):
-            # Decode: one token per sequence, rows idx of the pool updated in place.
+            # Decode: one token per sequence, rows idx of the pool updated in place (poisoned
+            # slots, all -1, are skipped).
             o = linear_attn_step(q, k, v, (pool.S, pool.z), state_indices=idx, **opts)
         else:
             # Prefill / continue (and differentiable decode): start from rows idx, write the end back.
-            init = (pool.S[idx], pool.z[idx] if pool.z is not None else None)
+            init = (pool.S[rows], pool.z[rows] if pool.z is not None else None)
             o, state = chunk_linear_attn(q, k, v, chunk_size=self.chunk_size, initial_state=init,
                                          output_final_state=True, **opts)
-            pool.S.index_copy_(0, idx, state.S.detach())
+            pool.S.index_copy_(0, rows, kept(bad, state.S.detach(), lambda: init[0]))
             if pool.z is not None:
-                pool.z.index_copy_(0, idx, state.z.detach())
+                pool.z.index_copy_(0, rows, kept(bad, state.z.detach(), lambda: init[1]))
         if self.o_norm is not None:
             o = self.o_norm(o)
         B, T = x.shape[:2]
-        return self.o_proj(o.reshape(B, T, self.num_heads * self.value_dim))
+        return nan_if(bad, self.o_proj(o.reshape(B, T, self.num_heads * self.value_dim)))
 
     def extra_repr(self) -> str:
         fm = self._fused_map if self.feature_map is None else "module"
@@ -268,6 +272,7 @@ class SoftmaxAttention(_Attention):
         appended to each slot's keys and values and attend to everything cached before them."""
         q, k, v = self._project(x)
         B, T = x.shape[:2]
+        bad = None
         if cache is None:
             if state_indices is not None:
                 raise ValueError("state_indices needs a cache")
@@ -280,11 +285,15 @@ class SoftmaxAttention(_Attention):
             if B:
                 idx = pool.check_room(idx, T, self.layer_idx, "x", slots)
             end = pool.end_after(slots, T) if not compiling and B else 0
+            idx, bad = guard(idx)  # compiled on CUDA: a bad call's rows are read, and written unchanged
             start = pool.lengths[idx]                                         # [B]
             pos = start[:, None] + torch.arange(T, device=x.device)          # [B, T] positions of the new tokens
-            pool.k[idx[:, None], pos] = k.detach().to(pool.k.dtype)
-            pool.v[idx[:, None], pos] = v.detach().to(pool.v.dtype)
-            pool.append_(idx, start, T, None if compiling else slots)
+            if bad is not None:  # a call without room must not write past the end either
+                pos = pos.clamp(max=pool.max_len - 1)
+            at = (idx[:, None], pos)
+            pool.k[at] = kept(bad, k.detach().to(pool.k.dtype), lambda: pool.k[at])
+            pool.v[at] = kept(bad, v.detach().to(pool.v.dtype), lambda: pool.v[at])
+            pool.append_(idx, start, T, None if compiling else slots, bad)
             L = pool.max_len if compiling else end                           # keys to read
             if not compiling and B == 1:
                 s = slots[0]
@@ -299,7 +308,7 @@ class SoftmaxAttention(_Attention):
                 vc = vc.index_put((bidx, pos), v)
             mask = torch.arange(L, device=x.device)[None, None, :] <= pos[:, :, None]   # [B, T, L]
             o = self._sdpa(q, kc, vc, mask=mask[:, None])
-        return self.o_proj(o.reshape(B, T, self.num_heads * self.value_dim))
+        return nan_if(bad, self.o_proj(o.reshape(B, T, self.num_heads * self.value_dim)))
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "

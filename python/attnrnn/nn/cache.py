@@ -21,7 +21,7 @@ specification of the model that built it so that a cache from another model is r
 from __future__ import annotations
 
 import numbers
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -36,11 +36,23 @@ def _nbytes(*tensors) -> int:
 
 
 # ---- the checks on values held in tensors ------------------------------------------------------------
-# Eager calls read the values on the host (once per tensor, see check_indices). Under torch.compile
-# the same checks run inside the graph as the two operators below: each returns a copy of the slots
-# that every later write of the cache takes as its index, so no write can run before the check that
-# guards it. On the CPU they raise the eager call's ValueError; on CUDA they read nothing (that
-# would synchronize the device on every step) and check nothing.
+# Eager calls read the values on the host (once per tensor, see check_indices) and raise ValueError
+# before anything is written. Under torch.compile the same checks run inside the graph:
+#
+# * On the CPU they are the two operators below, which raise the eager call's ValueError: each
+#   returns a copy of the slots that every later write of the cache takes as its index, so no write
+#   can run before the check that guards it.
+# * On CUDA (any device but the CPU) raising would need the verdict on the host, a sync on every
+#   step, so the checks are computed on the device and never raise (_device_checked_slots,
+#   KVPool.check_room; CausalLM checks its token ids the same way). A bad call's slots come back
+#   *poisoned*: every entry -1. Whatever reads or writes the cache takes guard(slots): the rows
+#   slots.clamp(min=0) (in range, so nothing indexes out of bounds) and a 0-dim bool `bad`. Every
+#   write stores torch.where(bad, the rows' old values, the new ones) (kept(): a select over the
+#   rows written, never a copy of a pool), linear_attn_step skips rows -1 by itself, and the call's
+#   outputs are NaN where bad (nan_if()). So a bad call changes nothing in the cache and returns
+#   NaN; a good one computes what it would without these checks (the selects pick the new values,
+#   the clamps change nothing). Poisoned slots stay poisoned through later checks (-1 is out of
+#   range), so a model's checks before its first layer cover every layer.
 
 def _check_slot_values(values: List[int], allocated: List[bool], name: str) -> None:
     """values: the slots one call addresses; allocated: the allocator's state of every slot."""
@@ -65,8 +77,7 @@ def _check_room_values(slots: List[int], lengths: List[int], max_len: int, count
 @torch.library.custom_op("attnrnn_nn::checked_slots", mutates_args=())
 def _checked_slots(slots: torch.Tensor, allocated: torch.Tensor, name: str) -> torch.Tensor:
     """slots (int64) after _check_slot_values against allocated (the allocator's CPU mirror)."""
-    if not slots.is_cuda:
-        _check_slot_values(slots.tolist(), allocated.tolist(), name)
+    _check_slot_values(slots.tolist(), allocated.tolist(), name)
     return slots.clone()
 
 
@@ -74,8 +85,7 @@ def _checked_slots(slots: torch.Tensor, allocated: torch.Tensor, name: str) -> t
 def _checked_room(slots: torch.Tensor, lengths: torch.Tensor, max_len: int, count: int, layer: int,
                   arg: str) -> torch.Tensor:
     """slots (int64, checked) after _check_room_values against a KV pool's lengths."""
-    if not slots.is_cuda:
-        _check_room_values(slots.tolist(), lengths.tolist(), max_len, count, layer, arg)
+    _check_room_values(slots.tolist(), lengths.tolist(), max_len, count, layer, arg)
     return slots.clone()
 
 
@@ -87,6 +97,47 @@ def _(slots, allocated, name):
 @_checked_room.register_fake
 def _(slots, lengths, max_len, count, layer, arg):
     return torch.empty_like(slots)
+
+
+def checks_on_device(device: torch.device) -> bool:
+    """Whether a call's checks run on the device without raising (compiled, not on the CPU)."""
+    return torch.compiler.is_compiling() and device.type != "cpu"
+
+
+def poison(slots: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """slots, or every entry -1 where the 0-dim bool ``bad`` is set (a call that must change nothing)."""
+    return torch.where(bad, -1, slots)
+
+
+def _device_checked_slots(slots: torch.Tensor, allocated: torch.Tensor) -> torch.Tensor:
+    """_check_slot_values on the device: slots (int64), poisoned unless every entry is in range,
+    distinct and allocated (``allocated``: the allocator's device mirror)."""
+    num_slots = allocated.shape[0]
+    if num_slots == 0:
+        return torch.full_like(slots, -1)
+    rows = slots.clamp(0, num_slots - 1)
+    bad = ((slots < 0) | (slots >= num_slots) | ~allocated[rows]).any()
+    bad = bad | ((rows[:, None] == rows[None, :]).sum() != rows.shape[0])  # distinct: B equal pairs
+    return poison(slots, bad)
+
+
+def guard(idx: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """From the slots the checks returned: (the rows to read and write, bad). ``(idx, None)``
+    unless the checks ran on the device; then the rows are ``idx.clamp(min=0)`` and ``bad`` is a
+    0-dim bool tensor, set when the slots are poisoned."""
+    if not checks_on_device(idx.device):
+        return idx, None
+    return idx.clamp(min=0), (idx < 0).any()
+
+
+def kept(bad: Optional[torch.Tensor], new: torch.Tensor, old: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """What a write stores: ``new``, or ``old()`` (the rows' values now) where ``bad`` is set."""
+    return new if bad is None else torch.where(bad, old(), new)
+
+
+def nan_if(bad: Optional[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """A call's output: ``out``, or NaN everywhere where ``bad`` is set."""
+    return out if bad is None else torch.where(bad, float("nan"), out)
 
 
 class _Checked(NamedTuple):
@@ -177,7 +228,11 @@ class KVPool:
                    slots: Optional[Sequence[int]] = None) -> torch.Tensor:
         """Raises ValueError naming ``arg`` when ``count`` more tokens do not fit in the slots ``idx``
         (checked slots; ``slots``: the same as ints). Returns the slots the writes must use: ``idx``,
-        or under torch.compile the checked copy (see ``_checked_room``)."""
+        or under torch.compile the checked copy (see ``_checked_room``); compiled on CUDA, ``idx``
+        poisoned when the tokens do not fit, without raising (see "the checks on values held in
+        tensors")."""
+        if checks_on_device(idx.device):
+            return poison(idx, (self.lengths[idx.clamp(min=0)] + count > self.max_len).any())
         if torch.compiler.is_compiling():
             return torch.ops.attnrnn_nn.checked_room(idx, self.lengths, self.max_len, count, layer, arg)
         _check_room_values(list(slots), self.host_lengths(), self.max_len, count, layer, arg)
@@ -194,11 +249,12 @@ class KVPool:
             self._host.set(self.lengths, copy)
 
     def append_(self, slots: torch.Tensor, start: torch.Tensor, count: int,
-                host_slots: Optional[Sequence[int]] = None) -> None:
+                host_slots: Optional[Sequence[int]] = None, bad: Optional[torch.Tensor] = None) -> None:
         """``lengths[slots] = start + count`` (start: ``lengths[slots]`` as read before the write);
-        ``host_slots``: slots as ints, for the host copy."""
-        self._write_lengths(lambda: self.lengths.index_copy_(0, slots, start + count), host_slots,
-                            lambda old: old + count)
+        ``host_slots``: slots as ints, for the host copy; ``bad`` (see ``guard``): ``start`` is
+        written back where set."""
+        self._write_lengths(lambda: self.lengths.index_copy_(0, slots, kept(bad, start + count, lambda: start)),
+                            host_slots, lambda old: old + count)
 
     @property
     def max_len(self) -> int:
@@ -262,6 +318,9 @@ class AttentionCache:
         self.num_slots: int = sizes.pop()
         self._free: List[int] = list(range(self.num_slots))
         self._allocated = torch.zeros(self.num_slots, dtype=torch.bool)  # CPU mirror of the allocator
+        # and one on the device for the checks compiled there (None on the CPU)
+        self._allocated_on_device = (torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)
+                                     if self.device.type != "cpu" else None)
         # The last state_indices check_indices passed: the same tensor again, unwritten, while no
         # slot was allocated or freed (the epoch counts both), needs no device read.
         self._epoch = 0
@@ -298,6 +357,7 @@ class AttentionCache:
         for t in self.extras.values():
             t.index_fill_(0, slots, 0)
         self._allocated[taken] = True
+        self._mirror_allocator()
         return slots
 
     def free(self, slots: Union[torch.Tensor, Iterable[int]]) -> None:
@@ -311,6 +371,13 @@ class AttentionCache:
         self._allocated[idx] = False
         self._free.extend(idx)
         self._epoch += 1
+        self._mirror_allocator()
+
+    def _mirror_allocator(self) -> None:
+        # non_blocking: PyTorch does not wait for the stream; from pageable memory CUDA takes the values
+        # before copy_ returns, so the host may write _allocated again at once.
+        if self._allocated_on_device is not None:
+            self._allocated_on_device.copy_(self._allocated, non_blocking=True)
 
     def nbytes_per_slot(self) -> int:
         """Bytes of layer state one sequence occupies (all layers)."""
@@ -340,9 +407,10 @@ class AttentionCache:
         tensor again (or the one returned), unwritten as far as their version counters tell (writes
         through NumPy, DLPack or ``.data`` are not seen: pass a new tensor after them), with no slot
         allocated or freed since, is returned as checked. Under ``torch.compile`` only the shape and
-        dtype are checked on the host; the values are checked inside the graph on the CPU (see
-        ``_checked_slots``) and not at all on CUDA. Raises ``RuntimeError`` while a CUDA graph is being
-        captured."""
+        dtype are checked on the host; the values are checked inside the graph: on the CPU raising
+        this ValueError (see ``_checked_slots``), on CUDA on the device without raising, returning
+        the slots poisoned when bad (see "the checks on values held in tensors"). Raises
+        ``RuntimeError`` while a CUDA graph is being captured."""
         compiling = torch.compiler.is_compiling()
         if not compiling and self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("decoding through attnrnn.nn layers cannot be captured in a CUDA graph: the cache's "
@@ -368,6 +436,8 @@ class AttentionCache:
                 return memo.idx
             idx = state_indices.long()
             values = None if compiling else idx.tolist()
+        if checks_on_device(idx.device):
+            return _device_checked_slots(idx, self._allocated_on_device)
         if compiling:
             return torch.ops.attnrnn_nn.checked_slots(idx, self._allocated, name)
         _check_slot_values(values, self._allocated.tolist(), name)
