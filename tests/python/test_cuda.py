@@ -8,7 +8,8 @@ import torch
 
 from cases import Case, make_inputs, run
 from conftest import HAS_CUDA
-from numerics import relative_rms
+from numerics import R2_TOL, relative_rms
+from test_nonfinite_causality import _free_rows
 from test_numerics import baselines_and_reference, check_all, compute_all
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
@@ -482,7 +483,7 @@ def test_decode_step_under_cuda_graph_replay(ar):
 # A NaN in q, k or v at token t of one (sequence, kv head) on every tensor-core plan: the kernels
 # flag that (sequence, kv head) and the generic kernels write it again (linear/args.cuh), so
 # - the rows the value cannot reach (test_nonfinite_causality.reachable_rows) stay finite and agree
-#   with the call without it, as two kernels in bf16 do;
+#   with the call without it within twice bf16's R2 bound (two kernels, each within it);
 # - every other (sequence, kv head) is bitwise the tensor-core result of the call without it.
 # Sequence 0, token 150 (inside a 64- and a 128-token chunk), kv head 0 of 2 (query heads 0 and 1).
 NONFINITE_PLANS = {"default": {}, "mma_sync": {"mma_sync": True}, "segments3": {"segments": 3},
@@ -494,8 +495,6 @@ NONFINITE_PLANS = {"default": {}, "mma_sync": {"mma_sync": True}, "segments3": {
 @pytest.mark.parametrize("D", [64, 128], ids=["K64", "K128"])
 @pytest.mark.parametrize("plan", list(NONFINITE_PLANS))
 def test_tensor_core_plans_keep_a_nan_causal(ar, forced_plan, plan, D, normalize, poisoned):
-    from test_nonfinite_causality import reachable_rows
-
     B, T, H, Hkv, t = 2, 300, 4, 2, 150
     g = torch.Generator().manual_seed(D + 2 * normalize)
     shapes = {"q": (B, T, H, D), "k": (B, T, Hkv, D), "v": (B, T, Hkv, D), "do": (B, T, H, D)}
@@ -518,12 +517,11 @@ def test_tensor_core_plans_keep_a_nan_causal(ar, forced_plan, plan, D, normalize
         untouched[0, :, heads] = want[name][0, :, heads]
         if not torch.equal(untouched, want[name]):
             failures.append(f"{name}: rows of another (sequence, kv head) changed")
-        free = torch.ones(T, dtype=torch.bool)
-        free[list(reachable_rows(name, poisoned, t, normalize))] = False
+        free = _free_rows(name, poisoned, t, normalize, T)
         rows, ref_rows = got[name][0, free, heads].float(), want[name][0, free, heads].float()
         if not torch.isfinite(rows).all():
             failures.append(f"{name}: rows it cannot reach are not finite")
-        elif relative_rms(rows, ref_rows) > 2e-2:
+        elif relative_rms(rows, ref_rows) > 2 * R2_TOL[bf16]:
             failures.append(f"{name}: rows it cannot reach moved by {relative_rms(rows, ref_rows):.2e} (relative RMS)")
     assert torch.isnan(got["o"][0, t, 0 if poisoned == "q" else slice(0, 2)]).any(), "the bad value vanished"
     assert not failures, "\n".join(failures)
