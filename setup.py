@@ -4,7 +4,9 @@
 libraries, headers, CMake package and the `_C` module into the package directory, so the package is
 also a CMake prefix (`attnrnn.cmake_prefix_path`). Environment knobs:
   ATTNRNN_CUDA=AUTO|ON|OFF          build the CUDA kernels (AUTO: when nvcc is found)
-  ATTNRNN_CUDA_ARCHITECTURES=90a    CMAKE_CUDA_ARCHITECTURES
+  ATTNRNN_CUDA_ARCHITECTURES=       the CUDA targets: empty = the GPUs present (without one: sm_90a
+                                    and compute_80 PTX), "all" = a fat build (sm_80, 86, 89, 90a,
+                                    100), or a CMAKE_CUDA_ARCHITECTURES list such as "80;90a"
   ATTNRNN_CPU_ARCH=native           -march of the CPU kernels ("" for the compiler default)
   ATTNRNN_BUILD_JOBS=N              parallel build jobs
   ATTNRNN_CMAKE_ARGS="..."          extra CMake arguments
@@ -52,8 +54,12 @@ class CMakeBuild(build_ext):
             f"-DATTNRNN_CUDA={os.environ.get('ATTNRNN_CUDA', 'AUTO')}",
             f"-DATTNRNN_CPU_ARCH={os.environ.get('ATTNRNN_CPU_ARCH', 'native')}",
         ]
-        if "ATTNRNN_CUDA_ARCHITECTURES" in os.environ:
-            args.append(f"-DCMAKE_CUDA_ARCHITECTURES={os.environ['ATTNRNN_CUDA_ARCHITECTURES']}")
+        # Chosen anew by every build (cmake/CudaArchitectures.cmake): an architecture list cached by
+        # an earlier configure of this build tree does not stick (ATTNRNN_CMAKE_ARGS may set one).
+        args += [
+            f"-DATTNRNN_CUDA_ARCHITECTURES={os.environ.get('ATTNRNN_CUDA_ARCHITECTURES', '')}",
+            "-UCMAKE_CUDA_ARCHITECTURES",
+        ]
         args += shlex.split(os.environ.get("ATTNRNN_CMAKE_ARGS", ""))
         # The cmake and ninja installed beside this Python (pip's packages) come first, then PATH.
         tools = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])

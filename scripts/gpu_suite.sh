@@ -43,6 +43,9 @@ if [ -z "${SKIP_BUILD:-}" ]; then
     exit 1
   fi
   echo "build: $(( $(date +%s) - start )) s"
+  # the targets the build chose (by default the GPUs present: sm_90a on Hopper; ATTNRNN_CUDA_ARCHITECTURES
+  # overrides; scripts/check_arch_builds.sh compiles other targets on a machine without a GPU)
+  grep -o "attnrnn: CUDA architectures.*" "$OUT/build.log" | tail -1
   grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -5 > "$OUT/ptxas.txt"
 fi
 export PYTHONPATH=$PWD/python:$PWD/tests/python${PYTHONPATH:+:$PYTHONPATH}

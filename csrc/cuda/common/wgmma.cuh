@@ -8,6 +8,10 @@
 // Accumulator layout (128 threads, register i of thread t): row 16 (t / 32) + (t % 32) / 4 +
 // 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (t % 4) + (i & 1). The register-A operand of k16 slice j
 // is registers 8j .. 8j + 7 of an accumulator, packed in pairs: no shuffles between P = Q K^T and P V.
+//
+// sm_90a only: ptxas rejects these instructions for every other target (sm_8x, sm_90, sm_100a), so
+// the kernels that use them put their bodies inside #if defined(__CUDA_ARCH_FEAT_SM90_ALL) (the
+// other targets compile a trap) and the plan picks them only on a 9.x device (plan.cu).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -12,6 +12,9 @@ DeviceInfo current_device_info() {
   DeviceInfo d;
   d.sm_count = sm_count();
   d.max_smem = max_dynamic_smem();
+  // wgmma needs both the build's sm_90a code (CMake defines ATTNRNN_WGMMA when the architectures
+  // include 90a) and a compute capability 9.x device: every other build and device (sm_8x, Blackwell)
+  // runs the mma.sync kernels, whose wgmma kernels are empty bodies there.
 #if defined(ATTNRNN_WGMMA)
   d.wgmma = wgmma_device();
 #endif
