@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The GPU machine's whole job in one call: build attnrnn with CUDA, run the test suite on CUDA,
 # optionally compute-sanitizer and the benchmarks. Logs and JSON go to $OUT (default ./out).
-#   scripts/gpu_suite.sh [tests] [sanitize] [bench] [fla] [multigpu]
+#   scripts/gpu_suite.sh [tests] [sanitize] [bench] [fla] [fla_model] [multigpu]
 # TEST_FILES="test_cuda.py ..." limits "tests" to those files of tests/python (TEST_K: their "-k"
 # expression, default "cuda"); SANITIZE_TOOLS and SANITIZE_K ("-k" expression) limit "sanitize"
 # (one tool per visible GPU at a time, or per entry of SANITIZE_GPUS; SANITIZE_SHARDS processes of
 # each tool side by side). "fla" installs .whl/fla_core-*.whl (copied from shared/wheels) so the
 # benchmarks include fla ("bench" splits the shapes over two GPUs when there are two; BENCH_SHAPES
-# runs only those shapes, into h200_part.json). "multigpu"
+# runs only those shapes, into h200_part.json); with .whl/flash_linear_attention-*.whl beside it,
+# it installs fla's layers and models too, which "fla_model" needs: tests/python/test_integration_fla.py
+# and bench/fla_model_step.py (fla's LinearAttentionForCausalLM on fla's and attnrnn's kernels;
+# transformers comes with the image). "multigpu"
 # runs the context-parallel tests over NCCL on all GPUs and bench/distributed.py at B=1 H=16 D=128
 # bf16, T = 256k/512k/1M, on all GPUs and on one (CP_MODES="norm unnorm": normalize on/off).
 # SKIP_BUILD=1 reuses an in-place build. A device call brings back 8 files of $OUT: end it with
@@ -24,7 +27,8 @@ STEPS=" $* "
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
 if want fla && ls .whl/fla_core-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-*.whl && export PYTHONPATH=/tmp/site
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-*.whl \
+    $(ls .whl/flash_linear_attention-*.whl 2>/dev/null) && export PYTHONPATH=/tmp/site
 fi
 
 # The image's default C++ compiler (/opt/gcc) puts its own copy of libstdc++'s locale machinery
@@ -100,6 +104,13 @@ if want sanitize; then
     [ $slot -eq 0 ] && wait
   done
   wait
+fi
+if want fla_model; then
+  python3 -m pytest -q -p no:cacheprovider tests/python/test_integration_fla.py -rfs >"$OUT/pytest_fla.log" 2>&1 ||
+    status=1
+  echo "test_integration_fla.py: $(tail -1 "$OUT/pytest_fla.log")"
+  python3 -m bench.fla_model_step --out "$OUT/fla_model_step.json" >"$OUT/fla_model_step.log" 2>&1 || status=1
+  tail -25 "$OUT/fla_model_step.log"
 fi
 if want multigpu; then
   gpus=$(gpu_count)
