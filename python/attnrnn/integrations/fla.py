@@ -129,20 +129,9 @@ def chunk_linear_attn(
                         cu_seqlens)
 
 
-def fused_chunk_linear_attn(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: Optional[float] = None,
-    initial_state: FlaState = None,
-    output_final_state: bool = False,
-    normalize: bool = True,
-    cu_seqlens: Optional[torch.LongTensor] = None,
-) -> Tuple[torch.Tensor, FlaState]:
-    """fla.ops.linear_attn.fused_chunk_linear_attn (same signature and results) on
-    attnrnn.chunk_linear_attn."""
-    return _linear_attn(attnrnn.chunk_linear_attn, q, k, v, scale, initial_state, output_final_state, normalize,
-                        cu_seqlens)
+# fla's fused_chunk computes what its chunk does (one kernel instead of two): both are
+# attnrnn.chunk_linear_attn here.
+fused_chunk_linear_attn = chunk_linear_attn
 
 
 def fused_recurrent_linear_attn(
