@@ -115,17 +115,18 @@ def test_softmax_attention_keeps_a_nonfinite_value_causal(ar, form, device, pois
     _check_causal(lambda q, k, v: ar.softmax.streaming_attn(q, k, v), device, poisoned, value, True)
 
 
-# The tensor-core kernels (bf16) with a NaN at a token inside a block: they multiply masked scores
-# (0) by the whole block's rows, and write the results that came out not finite again with the
-# generic kernels. Every row reachable_rows leaves free must be finite and match the call without
-# the NaN up to bf16 rounding: the repaired rows come from the generic kernels, the clean call's
-# from the tensor cores, each within R2's bf16 tolerance of the exact result.
-def _check_tensor_core_rows(fn, x, poisoned, t):
+# The tensor-core kernels (bf16) with a NaN or Inf at the first, an inner and the last token of a
+# block (POSITIONS): they multiply masked scores (0) by the whole block's rows, and write the
+# results that came out not finite again with the generic kernels. Every row reachable_rows leaves
+# free must be finite and match the call without the bad value up to bf16 rounding: the repaired
+# rows come from the generic kernels, the clean call's from the tensor cores, each within R2's bf16
+# tolerance of the exact result.
+def _check_tensor_core_rows(fn, x, poisoned, t, value):
     length = x["q"].shape[1]
     clean = _results(fn, x)
     bad = dict(x)
     bad[poisoned] = x[poisoned].clone()
-    bad[poisoned][0, t, 0, 0] = float("nan")
+    bad[poisoned][0, t, 0, 0] = VALUES[value]
     got = _results(fn, bad)
     failures = []
     for name, out in got.items():
@@ -138,22 +139,25 @@ def _check_tensor_core_rows(fn, x, poisoned, t):
     assert not failures, "\n".join(failures)
 
 
-POISONED_IDS = {"q": "nan-in-q", "k": "nan-in-k", "v": "nan-in-v"}
+def _bad_value_params():
+    return [pytest.param(poisoned, value, t, id=f"{value}-in-{poisoned}-at-{t}")
+            for poisoned in "qkv" for value in VALUES for t in POSITIONS]
 
 
-# Chunks of 64 (K = V = 64, normalize=True), a NaN at token 100 of 256.
+# Chunks of 64 (K = V = 64, normalize=True), 256 tokens.
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
-@pytest.mark.parametrize("poisoned", list(POISONED_IDS), ids=POISONED_IDS.get)
-def test_tensor_core_chunk_kernels_keep_a_nan_causal(ar, poisoned):
+@pytest.mark.parametrize("poisoned,value,t", _bad_value_params())
+def test_tensor_core_chunk_kernels_keep_a_nonfinite_value_causal(ar, poisoned, value, t):
     x = _inputs("cuda", length=256, heads=2, kv_heads=2, dim=64, dtype=torch.bfloat16, seed=0)
-    _check_tensor_core_rows(lambda q, k, v: ar.chunk_linear_attn(q, k, v, feature_map="elu1")[0], x, poisoned, 100)
+    _check_tensor_core_rows(lambda q, k, v: ar.chunk_linear_attn(q, k, v, feature_map="elu1")[0], x, poisoned, t,
+                            value)
 
 
-# D = Dv = 64 and 128, two query heads on one kv head, a NaN at token 100 of 200 (inside a block
-# of 64 keys and of 128 queries; 200 is no multiple of either).
+# D = Dv = 64 and 128, two query heads on one kv head, 200 tokens (blocks of 64 keys and of 128
+# queries; 200 is no multiple of either).
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("dim", [64, 128], ids=["D64", "D128"])
-@pytest.mark.parametrize("poisoned", list(POISONED_IDS), ids=POISONED_IDS.get)
-def test_tensor_core_streaming_softmax_keeps_a_nan_causal(ar, poisoned, dim):
+@pytest.mark.parametrize("poisoned,value,t", _bad_value_params())
+def test_tensor_core_streaming_softmax_keeps_a_nonfinite_value_causal(ar, poisoned, value, t, dim):
     x = _inputs("cuda", length=200, heads=2, kv_heads=1, dim=dim, dtype=torch.bfloat16, seed=0)
-    _check_tensor_core_rows(lambda q, k, v: ar.softmax.streaming_attn(q, k, v), x, poisoned, 100)
+    _check_tensor_core_rows(lambda q, k, v: ar.softmax.streaming_attn(q, k, v), x, poisoned, t, value)
