@@ -111,8 +111,6 @@ __global__ void __launch_bounds__(WgmmaGradKvLayout::threads, 1)
     wg_load_tiles<T>(st + (L::q - L::k), source(w == 0 ? Operand::kQ : Operand::kV), w == 0 ? s.h : g, 2 * D, s.t0,
                      s.cl, t);
   };
-  // k16 slice j of a 128-wide inner dim along the rows of two 64-column tiles: tile j / 4, 32 bytes
-  auto along = [](int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); };
   float O[2][32];  // warpgroup 0: dv's columns [0, 64) and [64, 128); warpgroup 1: dk's
   float P[32];     // the scores: K Q^T (warpgroup 0), V dout''^T (warpgroup 1)
   uint32_t pa[4][4];  // masked scores as the A operand
@@ -152,10 +150,10 @@ __global__ void __launch_bounds__(WgmmaGradKvLayout::threads, 1)
       for (int c = 0; c < 2; ++c) {
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-          wg_mma_ss<T, 0, kDv ? 1 : 0>(O[c], wg_descriptor(At, along(j)), wg_descriptor(Sh, state_at(c, j)), j > 0);
+          wg_mma_ss<T, 0, kDv ? 1 : 0>(O[c], wg_descriptor(At, wg_slice_along(j)), wg_descriptor(Sh, state_at(c, j)), j > 0);
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-          wg_mma_ss<T, 0, kDv ? 1 : 0>(O[c], wg_descriptor(At, along(j)), wg_descriptor(Sl, state_at(c, j)), 1);
+          wg_mma_ss<T, 0, kDv ? 1 : 0>(O[c], wg_descriptor(At, wg_slice_along(j)), wg_descriptor(Sl, state_at(c, j)), 1);
       }
     };
 
@@ -163,8 +161,7 @@ __global__ void __launch_bounds__(WgmmaGradKvLayout::threads, 1)
     hold_state();
     hold_outputs();
     wg_fence();
-#pragma unroll
-    for (int j = 0; j < 8; ++j) wg_mma_ss<T, 0, 0>(P, wg_descriptor(At, along(j)), wg_descriptor(Bt, along(j)), j > 0);
+    wg_scores<T, 128>(P, At, Bt);
     wg_commit();
     if constexpr (kOneHead) {  // every step is a chunk's first head: no branch around the products
       state_products();
@@ -189,16 +186,9 @@ __global__ void __launch_bounds__(WgmmaGradKvLayout::threads, 1)
     wg_hold(pa);
     wg_fence();
 #pragma unroll
-    for (int c = 0; c < 2; ++c)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O[c], pa[j], wg_descriptor(Xt, c * kWgTileBytes + 2048 * j), 1);
+    for (int c = 0; c < 2; ++c) wg_scores_times<T>(O[c], pa, Xt, c * kWgTileBytes);
     wg_commit();
-#pragma unroll
-    for (int h = 0; h < KT; ++h)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        wg_mma_ss<T, 1, 1>(S[h], wg_descriptor(Qt, h * kWgTileBytes + 2048 * j),
-                           wg_descriptor(Dt, W * kWgTileBytes + 2048 * j), 1);
+    wg_update_state<T, KT>(S, Qt, Dt, W * kWgTileBytes);
     wg_commit();
     wg_wait<1>();  // the outputs (the state's update runs on)
     hold_outputs();

@@ -167,13 +167,6 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
     wg_scale_rows<T>(tile, width, s.cl, wt.w, tid);
   };
 
-  auto update_state = [&](const unsigned char* Bt, const unsigned char* Ct) {  // S += B^T Cv, per 64 dims
-#pragma unroll
-    for (int h = 0; h < KT; ++h)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        wg_mma_ss<T, 1, 1>(S[h], wg_descriptor(Bt, h * kWgTileBytes + 2048 * j), wg_descriptor(Ct, 2048 * j), 1);
-  };
 
   for (int i = 0; i < NS - 1; ++i) {
     if (i < steps) issue(i);
@@ -223,15 +216,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
     const bool update = Info::group_sum || s.last;  // S moves after this step
     if (!split.state_only) {
       // ---- P = A B^T, and O = A S_hi + A S_lo once per output --------------------------------------
-      // k16 slice j of the inner dim: tile j / 4, 32 bytes (along rows) or 2048 bytes (down rows) per slice.
-      auto along = [](int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); };
-      auto down = [](int j) { return (j / 4) * kWgTileBytes + 2048 * (j % 4); };
       float P[32];
-      auto scores = [&]() {
-#pragma unroll
-        for (int j = 0; j < DI / 16; ++j)
-          wg_mma_ss<T, 0, 0>(P, wg_descriptor(At, along(j)), wg_descriptor(Bt, along(j)), j > 0);
-      };
       const bool fresh_output = !Info::group_sum || s.first;
       hold_state();
       if constexpr (Info::group_sum) wg_hold(O);  // O carries the group's sum from earlier heads
@@ -241,23 +226,20 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
       // and the update's stage ends inside its branch: otherwise ptxas serializes the products
       // (C7515, seen when that stage ended after the branch).
       wg_fence();
-      scores();
+      wg_scores<T, DI>(P, At, Bt);
       wg_commit();
       wg_wait_all();
       wg_hold(P);
       if (fresh_output) {
         wg_fence();
-#pragma unroll
-        for (int j = 0; j < DI / 16; ++j)
-          wg_mma_ss<T, 0, 1>(O, wg_descriptor(At, along(j)), wg_descriptor(Sh, down(j)), j > 0);
-#pragma unroll
-        for (int j = 0; j < DI / 16; ++j) wg_mma_ss<T, 0, 1>(O, wg_descriptor(At, along(j)), wg_descriptor(Sl, down(j)), 1);
+        wg_state_product<T, DI>(O, At, Sh, Sl);
         if constexpr (kDkv) {  // dk's V S^T: the state tiles as a K-major operand (rows are dk's columns)
 #pragma unroll
           for (int j = 0; j < D / 16; ++j)
-            wg_mma_ss<T, 0, 0>(O2, wg_descriptor(Vt, along(j)), wg_descriptor(Sh, along(j)), j > 0);
+            wg_mma_ss<T, 0, 0>(O2, wg_descriptor(Vt, wg_slice_along(j)), wg_descriptor(Sh, wg_slice_along(j)), j > 0);
 #pragma unroll
-          for (int j = 0; j < D / 16; ++j) wg_mma_ss<T, 0, 0>(O2, wg_descriptor(Vt, along(j)), wg_descriptor(Sl, along(j)), 1);
+          for (int j = 0; j < D / 16; ++j)
+            wg_mma_ss<T, 0, 0>(O2, wg_descriptor(Vt, wg_slice_along(j)), wg_descriptor(Sl, wg_slice_along(j)), 1);
         }
         wg_commit();
       }
@@ -295,13 +277,8 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
       }
       // P Cv; in the fused sweep, dk's scores P = V dout^T join its stage (P is free, pa still read)
       auto pv = [&]() {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O, pa[j], wg_descriptor(Ct, 2048 * j), 1);
-        if constexpr (kDkv) {
-#pragma unroll
-          for (int j = 0; j < D / 16; ++j)
-            wg_mma_ss<T, 0, 0>(P, wg_descriptor(Vt, along(j)), wg_descriptor(Ct, along(j)), j > 0);
-        }
+        wg_scores_times<T>(O, pa, Ct);
+        if constexpr (kDkv) wg_scores<T, D>(P, Vt, Ct);
       };
       wg_hold(O);
       if constexpr (kDkv) wg_hold(O2);
@@ -318,8 +295,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
         wg_hold(O2);
         wg_hold(pa);
         wg_fence();
-#pragma unroll
-        for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O2, pa[j], wg_descriptor(Bt, 2048 * j), 1);
+        wg_scores_times<T>(O2, pa, Bt);
         wg_commit();
         wg_wait_all();
         wg_hold(O2);
@@ -364,7 +340,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
       constexpr bool kEpilogueInShadow = DI == 128;
       if (update) {
         wg_fence();
-        update_state(Bt, Ct);
+        wg_update_state<T, KT>(S, Bt, Ct);
         wg_commit();
         if constexpr (kEpilogueInShadow) epilogue();
         wg_wait_all();
@@ -375,7 +351,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
       // ---- pass 1 of a split: only the state moves ------------------------------------------------
       hold_state();
       wg_fence();
-      update_state(Bt, Ct);
+      wg_update_state<T, KT>(S, Bt, Ct);
       wg_commit();
       wg_wait_all();
       hold_state();

@@ -228,11 +228,7 @@ __global__ void __launch_bounds__(kScanThreads, BlocksPerSm)
     hold_state();
     hold_z();
     wg_fence();
-#pragma unroll
-    for (int h = 0; h < KT; ++h)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        wg_mma_ss<T, 1, 1>(S[h], wg_descriptor(Bt, h * kWgTileBytes + 2048 * j), wg_descriptor(Ct, 2048 * j), 1);
+    wg_update_state<T, KT>(S, Bt, Ct);
     if constexpr (kSumsZ) {
 #pragma unroll
       for (int h = 0; h < ZT; ++h)  // Z += colsum phi(k): the forward's inner dims, dq's output columns

@@ -292,6 +292,55 @@ __device__ __forceinline__ void wg_publish_state(const float (&S)[KT][32], unsig
     }
 }
 
+// ---- the chunk's products, as the kernels' bodies name them ----------------------------------------
+// k16 slice j of a group of 64-dim tiles: its byte offset along the rows (a K-major operand: 16
+// elements, 32 bytes) or down them (an M/N-major one: 16 rows, 2048 bytes).
+__device__ __forceinline__ int wg_slice_along(int j) { return (j / 4) * kWgTileBytes + 32 * (j % 4); }
+__device__ __forceinline__ int wg_slice_down(int j) { return (j / 4) * kWgTileBytes + 2048 * (j % 4); }
+
+// P = A B^T: the scores of a chunk's rows of A against its rows of B, over an inner dim of DI.
+template <class T, int DI>
+__device__ __forceinline__ void wg_scores(float (&P)[32], const unsigned char* At, const unsigned char* Bt) {
+#pragma unroll
+  for (int j = 0; j < DI / 16; ++j)
+    wg_mma_ss<T, 0, 0>(P, wg_descriptor(At, wg_slice_along(j)), wg_descriptor(Bt, wg_slice_along(j)), j > 0);
+}
+
+// O = A S_hi + A S_lo: the chunk's rows of A against the state before it, held as two 16-bit tiles
+// [d][c] (wg_publish_state).
+template <class T, int DI>
+__device__ __forceinline__ void wg_state_product(float (&O)[32], const unsigned char* At, const unsigned char* Sh,
+                                                 const unsigned char* Sl) {
+#pragma unroll
+  for (int j = 0; j < DI / 16; ++j)
+    wg_mma_ss<T, 0, 1>(O, wg_descriptor(At, wg_slice_along(j)), wg_descriptor(Sh, wg_slice_down(j)), j > 0);
+#pragma unroll
+  for (int j = 0; j < DI / 16; ++j)
+    wg_mma_ss<T, 0, 1>(O, wg_descriptor(At, wg_slice_along(j)), wg_descriptor(Sl, wg_slice_down(j)), 1);
+}
+
+// O += P C: the masked scores (the register operand, packed by the kernel) times the chunk's 64 rows
+// of C, 64 columns from byte c_offset of Ct.
+template <class T>
+__device__ __forceinline__ void wg_scores_times(float (&O)[32], const uint32_t (&pa)[4][4], const unsigned char* Ct,
+                                                int c_offset = 0) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) wg_mma_rs<T, 1>(O, pa[j], wg_descriptor(Ct, c_offset + 2048 * j), 1);
+}
+
+// S += B^T C: the state's update by a chunk of 64 tokens, per 64-dim tile h of B; C's 64 columns from
+// byte c_offset of Ct.
+template <class T, int KT>
+__device__ __forceinline__ void wg_update_state(float (&S)[KT][32], const unsigned char* Bt, const unsigned char* Ct,
+                                                int c_offset = 0) {
+#pragma unroll
+  for (int h = 0; h < KT; ++h)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      wg_mma_ss<T, 1, 1>(S[h], wg_descriptor(Bt, h * kWgTileBytes + 2048 * j), wg_descriptor(Ct, c_offset + 2048 * j),
+                         1);
+}
+
 // out's rows 16-byte aligned, for wg_write_rows' staged path (16-bit elements: 8 per 16 bytes).
 __device__ __forceinline__ bool wg_aligned16(const MutView& out) {
   return reinterpret_cast<uintptr_t>(out.data) % 16 == 0 && (out.stride_b | out.stride_t | out.stride_h) % 8 == 0;
