@@ -233,14 +233,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
       if (fresh_output) {
         wg_fence();
         wg_state_product<T, DI>(O, At, Sh, Sl);
-        if constexpr (kDkv) {  // dk's V S^T: the state tiles as a K-major operand (rows are dk's columns)
-#pragma unroll
-          for (int j = 0; j < D / 16; ++j)
-            wg_mma_ss<T, 0, 0>(O2, wg_descriptor(Vt, wg_slice_along(j)), wg_descriptor(Sh, wg_slice_along(j)), j > 0);
-#pragma unroll
-          for (int j = 0; j < D / 16; ++j)
-            wg_mma_ss<T, 0, 0>(O2, wg_descriptor(Vt, wg_slice_along(j)), wg_descriptor(Sl, wg_slice_along(j)), 1);
-        }
+        if constexpr (kDkv) wg_state_product<T, D, true>(O2, Vt, Sh, Sl);  // dk's V S^T
         wg_commit();
       }
 

@@ -307,16 +307,18 @@ __device__ __forceinline__ void wg_scores(float (&P)[32], const unsigned char* A
 }
 
 // O = A S_hi + A S_lo: the chunk's rows of A against the state before it, held as two 16-bit tiles
-// [d][c] (wg_publish_state).
-template <class T, int DI>
+// [d][c] (wg_publish_state); Transposed: A S^T, the tiles read K-major (their rows are O's columns).
+template <class T, int DI, bool Transposed = false>
 __device__ __forceinline__ void wg_state_product(float (&O)[32], const unsigned char* At, const unsigned char* Sh,
                                                  const unsigned char* Sl) {
+  constexpr int kTransB = Transposed ? 0 : 1;
+  auto slice = [](int j) { return Transposed ? wg_slice_along(j) : wg_slice_down(j); };
 #pragma unroll
   for (int j = 0; j < DI / 16; ++j)
-    wg_mma_ss<T, 0, 1>(O, wg_descriptor(At, wg_slice_along(j)), wg_descriptor(Sh, wg_slice_down(j)), j > 0);
+    wg_mma_ss<T, 0, kTransB>(O, wg_descriptor(At, wg_slice_along(j)), wg_descriptor(Sh, slice(j)), j > 0);
 #pragma unroll
   for (int j = 0; j < DI / 16; ++j)
-    wg_mma_ss<T, 0, 1>(O, wg_descriptor(At, wg_slice_along(j)), wg_descriptor(Sl, wg_slice_down(j)), 1);
+    wg_mma_ss<T, 0, kTransB>(O, wg_descriptor(At, wg_slice_along(j)), wg_descriptor(Sl, slice(j)), 1);
 }
 
 // O += P C: the masked scores (the register operand, packed by the kernel) times the chunk's 64 rows
