@@ -97,6 +97,19 @@ inline bool pairs_sweep(bool forward, bool normalize, bool bf16, int64_t blocks,
   return one_wave && segments_64 == 1;
 }
 
+// Head dims other than K in {64, 128} (and V in {64, 128} in the backward, V % 64 == 0 in the forward)
+// run on the 64-token wgmma sweep with its tiles padded: zeros loaded past the real columns (DI = 64
+// for an inner dim <= 64, else 128; output dims in 64-column tiles, the last one partly written).
+// The zeros add nothing to any product, so the sums are those of the real dims. Any multiple of 8
+// (cp.async's 16-byte pieces) up to 128, and the forward's V any multiple of 8: its output tiles
+// are independent. Inner dims past 128 (K, or V in the backward) stay on the generic kernels. sm_90a
+// only: elsewhere these shapes run the generic kernels.
+inline bool padded_dims(int64_t K, int64_t V, bool backward) {
+  const bool k = K > 0 && K <= 128 && K % 8 == 0;
+  const bool v = V > 0 && V % 8 == 0 && (!backward || V <= 128);
+  return k && v;
+}
+
 // dk and dv at K = V = 128 without the normalizer as one sweep of two warpgroups (WgmmaGradKvTiles)
 // that reads q, k, v and dout once for both (six tensors of traffic for eight): where its (sequence,
 // kv head) blocks split, i.e. fill at most half the SMs.

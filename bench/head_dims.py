@@ -1,0 +1,100 @@
+"""attnrnn's chunk_linear_attn against fla's chunk over the head-dim grid, bf16, in one process.
+
+    python -m bench.head_dims --fla .whl/fla_core-0.6.0-py3-none-any.whl \\
+        --out bench/results/head_dims_h100.json
+
+Per (K, V) at B4-T8192 (H16 for dims up to 128, H32 at 32, H8 past 128), normalize on and off:
+forward and forward+backward medians of both, after one untimed call each (Triton autotuning), the
+speed-up over fla and the share of the memory floor: q, k, v read and o written forward; with the
+backward also q, k, v, do read and dq, dk, dv written (6K + 5V elements per (token, head)), at the
+device's copy rate.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import attnrnn
+
+from . import baselines
+from .__main__ import copy_bandwidth, environment
+from .timing import median_ms
+
+# (K, V, H): the square dims, a wide V and a narrow one
+GRID = [(32, 32, 32), (64, 64, 16), (96, 96, 16), (128, 128, 16), (192, 192, 8), (256, 256, 8), (64, 256, 8),
+        (128, 64, 16)]
+B, T = 4, 8192
+
+
+def floor_bytes(K, V, H, mode):
+    per_token_head = 2 * K + 2 * V if mode == "fwd" else 6 * K + 5 * V
+    return B * T * H * per_token_head * 2  # bf16
+
+
+def measure(op, q, k, v, do):
+    """(forward ms, forward+backward ms) of op(q, k, v) -> o."""
+    ins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+    def fwdbwd():
+        for t in ins:
+            t.grad = None
+        op(*ins).backward(do)
+
+    with torch.no_grad():
+        op(q, k, v)
+        fwd = median_ms(lambda: op(q, k, v), "cuda")
+    fwdbwd()
+    return fwd, median_ms(fwdbwd, "cuda")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fla", default="auto", help="as python -m bench's --fla")
+    parser.add_argument("--out", required=True, help="JSON path")
+    args = parser.parse_args(argv)
+    fla = baselines.load_fla(args.fla)
+    if fla is None:
+        parser.error("fla is not loaded: pass --fla with fla_core's wheel")
+    bandwidth = copy_bandwidth("cuda")
+    rows = []
+    for K, V, H in GRID:
+        gen = torch.Generator().manual_seed(0)
+
+        def make(d):
+            return torch.randn(B, T, H, d, generator=gen).to("cuda", torch.bfloat16)
+
+        q, k, v, do = make(K).sigmoid(), make(K).sigmoid(), make(V) * 0.5, make(V)
+        for normalize in (False, True):
+            impls = {"attnrnn": lambda a, b, c: attnrnn.chunk_linear_attn(a, b, c, normalize=normalize)[0],
+                     "fla_chunk": lambda a, b, c: fla["chunk"](a, b, c, normalize=normalize)[0]}
+            times = {}
+            for impl, op in impls.items():
+                try:
+                    times[impl] = measure(op, q, k, v, do)
+                except Exception as e:  # one failing shape must not cost the run
+                    print(f"  ERROR K{K}-V{V} {impl}: {type(e).__name__}: {e}"[:400], file=sys.stderr)
+                    times[impl] = (None, None)
+            for i, mode in enumerate(("fwd", "fwd+bwd")):
+                ours, theirs = times["attnrnn"][i], times["fla_chunk"][i]
+                floor_ms = floor_bytes(K, V, H, mode) / bandwidth * 1e3
+                row = dict(shape=f"B{B}-T{T}-H{H}-K{K}-V{V}", K=K, V=V, normalize=normalize, mode=mode,
+                           attnrnn_ms=ours, fla_chunk_ms=theirs, floor_ms=floor_ms,
+                           speedup=None if ours is None or theirs is None else theirs / ours,
+                           pct_of_floor=None if ours is None else 100 * floor_ms / ours)
+                rows.append(row)
+                f = lambda x, fmt: "-" if x is None else format(x, fmt)
+                print(f"{row['shape']:24s} {'norm' if normalize else 'unnorm':6s} {mode:7s} attnrnn "
+                      f"{f(ours, '8.3f')} ms  fla {f(theirs, '8.3f')} ms  {f(row['speedup'], '6.2f')}x  "
+                      f"{f(row['pct_of_floor'], '5.1f')}% of floor", flush=True)
+        del q, k, v, do
+        torch.cuda.empty_cache()
+    env = dict(environment("cuda", fla), copy_TBps=bandwidth / 1e12, command=" ".join(["python -m bench.head_dims"] + (argv or sys.argv[1:])))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    return 1 if any(r["attnrnn_ms"] is None for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
