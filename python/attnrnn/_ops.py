@@ -102,7 +102,7 @@ def saved_bytes(q, k, v, cu_seqlens, normalize, chunk_size):
     """Bytes of the saved tensor chunk_fwd(for_backward=True) returns: the layout of the CUDA plan's
     saved buffer (csrc/cuda/linear/plan.cu, Rules::saved_layout), for the fake kernel, whose shapes
     may be symbolic. On CUDA with bf16/fp16, 64-token chunks and K, V in {64, 128} (on sm_90a also
-    padded dims: K, V multiples of 8 up to 128, tiles.h's padded_dims): the forward's w = scale / den
+    padded dims: K, V multiples of 8 up to 256, tiles.h's padded_dims): the forward's w = scale / den
     per (token, query head) with normalize; without it, at K = V = 128 on sm_90a where the forward's
     sweep splits the sequences, its segment states for the backward's dq sweep."""
     B, T, H, K = q.shape
@@ -113,7 +113,7 @@ def saved_bytes(q, k, v, cu_seqlens, normalize, chunk_size):
     props = torch.cuda.get_device_properties(q.device)
     wgmma = _C.built_with_wgmma() and props.major == 9 and not mma_sync
     exact = K in (64, 128) and V in (64, 128)
-    padded = wgmma and 0 < K <= 128 and K % 8 == 0 and 0 < V <= 128 and V % 8 == 0
+    padded = wgmma and 0 < K <= 256 and K % 8 == 0 and 0 < V <= 256 and V % 8 == 0
     if not (exact or padded):
         return 0
     if normalize:

@@ -41,10 +41,9 @@ def test_tensor_core_path_meets_rules(ar, ref, case):
 
 
 # Head dims other than 64 and 128 on the 64-token wgmma sweeps, their tiles padded with zeros (tiles.h,
-# padded_dims): inner dims below 64 and between 64 and 128, output dims that end inside a 64-column
-# tile, K != V both ways, split sweeps (few blocks, long sequences), varlen, GQA, states, every feature
-# map, both normalize modes; V > 128 runs the forward on tensor cores and the backward on the generic
-# kernels.
+# padded_dims): inner dims below 64, between 64 and 128 and past 128 (DI = 256), output dims that end
+# inside a 64-column tile, K != V both ways, split sweeps (few blocks, long sequences), varlen, GQA,
+# states, every feature map, both normalize modes.
 PADDED_CASES = [
     Case(2, 300, 4, 32, bf16, initial_state=True, final_state=True),
     Case(2, 257, 3, 96, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
@@ -57,6 +56,11 @@ PADDED_CASES = [
     Case(1, 5000, 2, 96, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
     Case(1, 3000, 1, 80, fp16, V=112, feature_map="relu", initial_state=True, final_state=True),
     Case(2, 200, 2, 96, bf16, V=192, initial_state=True, final_state=True),
+    Case(2, 300, 2, 256, bf16, initial_state=True, final_state=True),
+    Case(1, 333, 4, 192, fp16, Hkv=2, feature_map="relu", normalize=False, seqlens=(0, 64, 1, 200, 68),
+         initial_state=True, final_state=True),
+    Case(2, 257, 2, 64, bf16, V=256, feature_map=None),
+    Case(1, 4100, 2, 200, bf16, V=136, initial_state=True, final_state=True),
 ]
 
 
@@ -374,14 +378,14 @@ def test_state_pass_runs_for_every_split_sweep(ar, normalize, Hkv):
 
 
 # The padded shapes run every sweep on the wgmma kernels (ScanRole 0 forward, 1 dq, 2 dk, 3 dv), and
-# a split sweep's pass 1 on the state kernel; the backward past an inner dim of 128 does not.
+# a split sweep's pass 1 on the state kernel.
 @WGMMA
-@pytest.mark.parametrize("K,V,roles", [(32, 32, {0, 1, 2, 3}), (96, 96, {0, 1, 2, 3}), (48, 80, {0, 1, 2, 3}),
-                                       (64, 192, {0})], ids=["K32", "K96", "K48-V80", "K64-V192"])
-def test_padded_head_dims_run_on_the_wgmma_sweeps(ar, K, V, roles):
+@pytest.mark.parametrize("K,V", [(32, 32), (96, 96), (48, 80), (64, 192), (256, 256)],
+                         ids=["K32", "K96", "K48-V80", "K64-V192", "K256"])
+def test_padded_head_dims_run_on_the_wgmma_sweeps(ar, K, V):
     names = _kernels_of_a_forward_backward(ar, Case(1, 8192, 2, K, bf16, V=V, feature_map=None))
-    assert _roles_of("wgmma_scan_kernel", names) == roles, names
-    assert _roles_of("segment_state_kernel", names) == roles, names
+    assert _roles_of("wgmma_scan_kernel", names) == {0, 1, 2, 3}, names
+    assert _roles_of("segment_state_kernel", names) == {0, 1, 2, 3}, names
 
 
 # relu is applied by the wgmma sweeps to their own q and k tiles; elu1 takes a feature pass (its exp in

@@ -29,8 +29,9 @@ __device__ __forceinline__ void load8(const T* from, uint32_t (&u)[4]) {
   }
 }
 
-// V in {64, 128} (the tensor-core backward's value dims); kOut16: o's rows are 16-byte aligned.
-// kPadded: the real value dim is p.head_dim_v < V (a multiple of 8); lanes past it add zeros.
+// V in {64, 128} (the tensor-core backward's value dims; 256 padded only); kOut16: o's rows are
+// 16-byte aligned. kPadded: the real value dim is p.head_dim_v <= V (a multiple of 8); lanes past it
+// add zeros.
 template <class T, int V, bool kOut16, bool kPadded = false>
 __global__ void __launch_bounds__(kDdThreads) grad_weights_kernel(const ChunkArgs p) {
   constexpr int kLanes = V / 8, kRowsPerPass = 32 / kLanes * kDdUnroll;  // lanes per row; rows per pass

@@ -95,11 +95,14 @@ struct Rules {
   }
   // a sweep of role r pads its tiles: its inner dim is not 64 or 128, or its output dim not a multiple of 64
   bool padded(Role r) const { return !dim_64_or_128(inner_dim(p, r)) || output_dim(p, r) % 64 != 0; }
-  int padded_inner(Role r) const { return inner_dim(p, r) <= 64 ? 64 : 128; }
+  int padded_inner(Role r) const { return padded_inner_dim(inner_dim(p, r)); }
+  static int wgmma_blocks_per_sm(int inner) {
+    return inner == 64 ? WgmmaTiles<64>::blocks_per_sm
+                       : inner == 128 ? WgmmaTiles<128>::blocks_per_sm : WgmmaTiles<256>::blocks_per_sm;
+  }
   int64_t wgmma_blocks(Role r) const { return kv_blocks() * ((output_dim(p, r) + 63) / 64); }
   int wgmma_segments(Role r) const {
-    const int per_sm = padded_inner(r) == 64 ? WgmmaTiles<64>::blocks_per_sm : WgmmaTiles<128>::blocks_per_sm;
-    return segments(wgmma_blocks(r), per_sm);
+    return segments(wgmma_blocks(r), wgmma_blocks_per_sm(padded_inner(r)));
   }
   int pair_segments(Role r) const { return segments(wgmma_blocks(r), WgmmaPairTiles::blocks_per_sm); }
   bool pairs(Role r) const {
@@ -145,7 +148,9 @@ struct Rules {
       const int64_t floats = s.inner == 64 ? MmaTiles<64>::partial_floats : MmaTiles<128>::partial_floats;
       return s.segments * kv_blocks() * (output_dim(p, r) / columns) * floats;
     }
-    const int64_t floats = s.inner == 64 ? WgmmaTiles<64>::partial_floats : WgmmaTiles<128>::partial_floats;
+    const int64_t floats = s.inner == 64    ? WgmmaTiles<64>::partial_floats
+                           : s.inner == 128 ? WgmmaTiles<128>::partial_floats
+                                            : WgmmaTiles<256>::partial_floats;
     return s.segments * wgmma_blocks(r) * floats;
   }
 

@@ -108,10 +108,16 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
     for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + i];
     return x;
   };
-  if (z_width > 0 && normalizes<WithNormalizer>(p) && tid < z_width) z[tid] = z_initial(tid);
+  if (z_width > 0 && normalizes<WithNormalizer>(p)) {
+    if constexpr (z_width > kScanThreads) {
+      for (int i = tid; i < z_width; i += kScanThreads) z[i] = z_initial(i);
+    } else if (tid < z_width) {
+      z[tid] = z_initial(tid);
+    }
+  }
   // The forward's z split for the bf16 sums (wg_split_operand), in dd's place, renewed with z
   constexpr bool kSplitZ = kFwd && std::is_same_v<T, __nv_bfloat16>;
-  static_assert(NS * C >= DI, "the forward's split z (one word per dim) fits in dd's place");
+  static_assert(L::z - L::dd >= DI, "the forward's split z (one word per dim) fits in dd's place");
   uint32_t* zs = reinterpret_cast<uint32_t*>(fl + L::dd);
   if (kSplitZ && normalizes<WithNormalizer>(p)) split_vector<T>(z_initial, DI, zs, tid);
   // S as 16-bit hi + lo tiles [d][c] for the products A S
@@ -343,9 +349,9 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
         if constexpr (Info::dv_like) write_rows(p.dv, O, false, p.k);
         if constexpr (kDkv) write_rows(p.dk, O2, phi_used, dphi_rows(feat.k, p.k));
       };
-      // At DI = 128 the epilogue runs while S += B^T Cv does; at DI = 64 its second copy (one per
+      // At DI >= 128 the epilogue runs while S += B^T Cv does; at DI = 64 its second copy (one per
       // branch) made the forward spill 64 bytes instead of 8 under the 3-blocks-per-SM budget.
-      constexpr bool kEpilogueInShadow = DI == 128;
+      constexpr bool kEpilogueInShadow = DI >= 128;
       if (update) {
         wg_fence();
         wg_update_state<T, KT>(S, Bt, Ct);
@@ -385,7 +391,12 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
   if (split.state_only) {
     float* part = partial_at(seg);
     for_each_state([&](float& x, int d, int c) { part[d * D + c] = x; });
-    if (tid < L::z_floats) part[DI * D + tid] = normalizes<WithNormalizer>(p) && tid < z_width ? z[tid] : 0.f;
+    if constexpr (L::z_floats > kScanThreads) {
+      for (int i = tid; i < L::z_floats; i += kScanThreads)
+        part[DI * D + i] = normalizes<WithNormalizer>(p) && i < z_width ? z[i] : 0.f;
+    } else if (tid < L::z_floats) {
+      part[DI * D + tid] = normalizes<WithNormalizer>(p) && tid < z_width ? z[tid] : 0.f;
+    }
     return;
   }
   if (seg != split.segments - 1) return;
@@ -394,8 +405,12 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
     if (final_S != nullptr) for_each_real_state([&](float& x, int d, int c) { final_S[mat_index(d, c)] = x; });
   }
   if constexpr (kFwd) {
-    if (p.final_z != nullptr && tile == 0 && tid < (kPadded ? K : DI))
+    if constexpr (DI > kScanThreads) {
+      if (p.final_z != nullptr && tile == 0)
+        for (int i = tid; i < K; i += kScanThreads) static_cast<float*>(p.final_z)[state_row * K + i] = z[i];
+    } else if (p.final_z != nullptr && tile == 0 && tid < (kPadded ? K : DI)) {
       static_cast<float*>(p.final_z)[state_row * K + tid] = z[tid];
+    }
   }
   if constexpr (kDk || kDkv) {
     if (normalizes<WithNormalizer>(p) && p.d_initial_z != nullptr && tid < D && (!kPadded || c0 + tid < K))

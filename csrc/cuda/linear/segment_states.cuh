@@ -260,11 +260,15 @@ __global__ void __launch_bounds__(kScanThreads, BlocksPerSm)
 #pragma unroll
     for (int h = 0; h < ZT; ++h) wg_store_z(Z[h], z_part + 64 * h, tid);
   }
-  static_assert(L::z_floats <= kScanThreads, "one thread per z entry");
   if constexpr (kSumsDz) {
     if (tid < D) z_part[tid] = dz[tid];
   }
-  if (tid < L::z_floats && (!(kSumsZ || kSumsDz) || tid >= ZT * 64)) z_part[tid] = 0.f;
+  if constexpr (L::z_floats > kScanThreads) {
+    for (int i = tid; i < L::z_floats; i += kScanThreads)
+      if (!(kSumsZ || kSumsDz) || i >= ZT * 64) z_part[i] = 0.f;
+  } else if (tid < L::z_floats && (!(kSumsZ || kSumsDz) || tid >= ZT * 64)) {
+    z_part[tid] = 0.f;
+  }
 
   // ---- the transposed role's partials from the same sums (split.partial_t) -----------------------------
   // dv sums U = sum_t (phi(q_t))^T (w dout_t) [K][V], dk R = sum_t dout_t^T (w phi(q_t)) [V][K] over

@@ -147,7 +147,8 @@ Status run_padded_wgmma_sweep(const Sweep& sweep, const ChunkArgs& p, const Scan
   PREFIX template Status run_padded_wgmma_sweep<T, R, DI, N>(const Sweep&, const ChunkArgs&, const ScanFeatures&, const char*);
 #define ATTNRNN_PADDED_SWEEPS_OF(PREFIX, T, R, N) \
   ATTNRNN_PADDED_SWEEP(PREFIX, T, R, 64, N)       \
-  ATTNRNN_PADDED_SWEEP(PREFIX, T, R, 128, N)
+  ATTNRNN_PADDED_SWEEP(PREFIX, T, R, 128, N)      \
+  ATTNRNN_PADDED_SWEEP(PREFIX, T, R, 256, N)
 #define ATTNRNN_PADDED_FORWARD(PREFIX, T) ATTNRNN_PADDED_SWEEPS_OF(PREFIX, T, ScanRole::kForward, true) \
   ATTNRNN_PADDED_SWEEPS_OF(PREFIX, T, ScanRole::kForward, false)
 #define ATTNRNN_PADDED_BACKWARD(PREFIX, T, N)          \
@@ -180,8 +181,9 @@ Status run_planned_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatu
                                : run_mma_sweep<T, R, 128>(sweep, p, feat, what);
     case SweepKernel::kWgmma:
       if (sweep.padded)
-        return sweep.inner == 64 ? run_padded_wgmma_sweep<T, R, 64, WithNormalizer>(sweep, p, feat, what)
-                                 : run_padded_wgmma_sweep<T, R, 128, WithNormalizer>(sweep, p, feat, what);
+        return sweep.inner == 64    ? run_padded_wgmma_sweep<T, R, 64, WithNormalizer>(sweep, p, feat, what)
+               : sweep.inner == 128 ? run_padded_wgmma_sweep<T, R, 128, WithNormalizer>(sweep, p, feat, what)
+                                    : run_padded_wgmma_sweep<T, R, 256, WithNormalizer>(sweep, p, feat, what);
       return sweep.inner == 64 ? run_wgmma_sweep<T, R, 64, WithNormalizer>(sweep, p, feat, what)
                                : run_wgmma_sweep<T, R, 128, WithNormalizer>(sweep, p, feat, what);
     case SweepKernel::kWgmmaPair:

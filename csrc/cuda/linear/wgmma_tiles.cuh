@@ -21,13 +21,14 @@ struct WgmmaLayout {
   // shared memory: 65 / 113 KiB per block (81 KiB with four tiles, and registers for two outputs)
   static constexpr int min_blocks = WgmmaTiles<DI, kFourTiles>::blocks_per_sm;
   static constexpr int z_floats = DI > 64 ? DI : 64;         // z on the inner dims or the 64 columns
-  // floats after the tiles: the dk sweep's dd [stages][64], then z; the base is 1024-byte aligned
-  // (no slack: at DI = 128 the block uses exactly half an SM's shared memory)
-  static constexpr int dd = 0, z = stages * kChunk, floats = z + z_floats;
+  // floats after the tiles: the dk sweep's dd [stages][64] (or the forward's split z, one word per
+  // dim), then z; the base is 1024-byte aligned (no slack: at DI = 128 the block uses exactly half an
+  // SM's shared memory)
+  static constexpr int dd = 0, z = stages * kChunk > DI ? stages * kChunk : DI, floats = z + z_floats;
   static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + floats * 4;
   static constexpr int64_t partial_floats = WgmmaTiles<DI>::partial_floats;  // S [DI][64], then z
   static_assert(partial_floats == DI * 64 + z_floats, "the partial holds S, then z");
-  static_assert(DI == 64 || DI == 128, "inner dim 64 or 128");
+  static_assert(DI == 64 || DI == 128 || DI == 256, "inner dim 64, 128 or 256");
   static_assert(!kFourTiles || DI == 64, "the fused dk + dv sweep is for K = V = 64");
   // 228 KiB per SM on sm_90, and 1 KiB of each block's is reserved by the system
   static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
