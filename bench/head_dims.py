@@ -58,6 +58,9 @@ def main(argv=None):
     if fla is None:
         parser.error("fla is not loaded: pass --fla with fla_core's wheel")
     bandwidth = copy_bandwidth("cuda")
+    command = " ".join(["python -m bench.head_dims"] + (argv if argv is not None else sys.argv[1:]))
+    env = dict(environment("cuda", fla), copy_TBps=bandwidth / 1e12, command=command)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for K, V, H in GRID:
         gen = torch.Generator().manual_seed(0)
@@ -90,8 +93,7 @@ def main(argv=None):
                       f"{f(row['pct_of_floor'], '5.1f')}% of floor", flush=True)
         del q, k, v, do
         torch.cuda.empty_cache()
-    env = dict(environment("cuda", fla), copy_TBps=bandwidth / 1e12, command=" ".join(["python -m bench.head_dims"] + (argv or sys.argv[1:])))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"env": dict(env, partial=True), "rows": rows}, indent=1))
     Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     return 1 if any(r["attnrnn_ms"] is None for r in rows) else 0
 
