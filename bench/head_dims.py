@@ -18,7 +18,7 @@ import torch
 
 import attnrnn
 
-from . import baselines
+from . import baselines, timing
 from .__main__ import copy_bandwidth, environment
 from .timing import median_ms
 
@@ -53,13 +53,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fla", default="auto", help="as python -m bench's --fla")
     parser.add_argument("--out", required=True, help="JSON path")
+    parser.add_argument("--quick", action="store_true", help="1 warm-up and 3 repeats per median")
     args = parser.parse_args(argv)
+    timing.QUICK = args.quick
     fla = baselines.load_fla(args.fla)
     if fla is None:
         parser.error("fla is not loaded: pass --fla with fla_core's wheel")
     bandwidth = copy_bandwidth("cuda")
     command = " ".join(["python -m bench.head_dims"] + (argv if argv is not None else sys.argv[1:]))
-    env = dict(environment("cuda", fla), copy_TBps=bandwidth / 1e12, command=command)
+    env = dict(environment("cuda", fla), copy_TBps=bandwidth / 1e12, command=command, quick=args.quick)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for K, V, H in GRID:
