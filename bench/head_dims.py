@@ -61,7 +61,7 @@ def main(argv=None):
         parser.error("fla is not loaded: pass --fla with fla_core's wheel")
     bandwidth = copy_bandwidth("cuda")
     command = " ".join(["python -m bench.head_dims"] + (argv if argv is not None else sys.argv[1:]))
-    env = dict(environment("cuda", fla), copy_TBps=bandwidth / 1e12, command=command, quick=args.quick)
+    env = dict(environment("cuda", fla), copy_TBps=bandwidth / 1e12, command=command)  # environment() records --quick
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for K, V, H in GRID:
