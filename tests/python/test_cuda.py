@@ -40,6 +40,36 @@ def test_tensor_core_path_meets_rules(ar, ref, case):
     check_all(ours, base, ref64, case.dtype)
 
 
+# Head dims other than 64 and 128 on the 64-token wgmma sweeps, their tiles padded with zeros (tiles.h,
+# padded_dims): inner dims below 64, between 64 and 128 and past 128 (DI = 256), output dims that end
+# inside a 64-column tile, K != V both ways, split sweeps (few blocks, long sequences), varlen, GQA,
+# states, every feature map, both normalize modes.
+PADDED_CASES = [
+    Case(2, 300, 4, 32, bf16, initial_state=True, final_state=True),
+    Case(2, 257, 3, 96, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 190, 4, 96, fp16, Hkv=2, feature_map="relu"),
+    Case(1, 333, 2, 48, bf16, V=80, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
+    Case(2, 300, 2, 64, bf16, V=96, normalize=False, initial_state=True, final_state=True),
+    Case(2, 300, 2, 128, fp16, Hkv=1, V=40, initial_state=True, final_state=True),
+    Case(1, 300, 2, 16, bf16, V=24, feature_map="relu"),
+    Case(1, 4100, 4, 32, bf16, Hkv=1, initial_state=True, final_state=True),
+    Case(1, 5000, 2, 96, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 3000, 1, 80, fp16, V=112, feature_map="relu", initial_state=True, final_state=True),
+    Case(2, 200, 2, 96, bf16, V=192, initial_state=True, final_state=True),
+    Case(2, 300, 2, 256, bf16, initial_state=True, final_state=True),
+    Case(1, 333, 4, 192, fp16, Hkv=2, feature_map="relu", normalize=False, seqlens=(0, 64, 1, 200, 68),
+         initial_state=True, final_state=True),
+    Case(2, 257, 2, 64, bf16, V=256, feature_map=None),
+    Case(1, 4100, 2, 200, bf16, V=136, initial_state=True, final_state=True),
+]
+
+
+@pytest.mark.parametrize("case", PADDED_CASES, ids=lambda c: c.id)
+def test_padded_head_dims_meet_rules(ar, ref, case):
+    ours, base, ref64 = compute_all(ar, ref, "chunk", case, "cuda")
+    check_all(ours, base, ref64, case.dtype)
+
+
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "unnorm"])
 def test_zero_scale_gives_zero_outputs_and_gradients_on_the_tensor_cores(ar, normalize):
     """scale = 0 makes w = 0: dq scales its rows by w in the epilogue and takes dd as dd / w."""
@@ -63,7 +93,8 @@ SAVED_SIZE_CASES = [
     Case(1, 5000, 4, 128, fp16, Hkv=2, normalize=False, seqlens=(0, 64, 1, 4867, 68)),
     Case(1, 1500, 2, 128, bf16, normalize=False),  # too short to split
     Case(8, 300, 16, 128, bf16, normalize=False),  # enough blocks: no split
-    Case(1, 150, 4, 48, bf16, Hkv=2, V=40),  # the generic kernels: nothing saved
+    Case(1, 150, 4, 48, bf16, Hkv=2, V=40),  # padded dims: w on sm_90a, nothing elsewhere
+    Case(1, 150, 4, 44, bf16, Hkv=2, V=40),  # the generic kernels: nothing saved
     Case(1, 150, 4, 64, torch.float32),
 ]
 
@@ -344,6 +375,17 @@ def test_state_pass_runs_for_every_split_sweep(ar, normalize, Hkv):
     assert _roles_of("segment_state_kernel", names) == expected, names
     fused = any("wgmma_grad_kv_kernel" in n for n in names)
     assert fused == (not normalize), "dk and dv from one sweep at K = V = 128 exactly without the normalizer"
+
+
+# The padded shapes run every sweep on the wgmma kernels (ScanRole 0 forward, 1 dq, 2 dk, 3 dv), and
+# a split sweep's pass 1 on the state kernel.
+@WGMMA
+@pytest.mark.parametrize("K,V", [(32, 32), (96, 96), (48, 80), (64, 192), (256, 256)],
+                         ids=["K32", "K96", "K48-V80", "K64-V192", "K256"])
+def test_padded_head_dims_run_on_the_wgmma_sweeps(ar, K, V):
+    names = _kernels_of_a_forward_backward(ar, Case(1, 8192, 2, K, bf16, V=V, feature_map=None))
+    assert _roles_of("wgmma_scan_kernel", names) == {0, 1, 2, 3}, names
+    assert _roles_of("segment_state_kernel", names) == {0, 1, 2, 3}, names
 
 
 # relu is applied by the wgmma sweeps to their own q and k tiles; elu1 takes a feature pass (its exp in

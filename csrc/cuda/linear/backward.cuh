@@ -28,13 +28,18 @@ namespace attnrnn::cuda {
 // the rest), fewer where there are fewer rows.
 template <class T>
 Status launch_grad_weights(const ChunkPlan& plan, const ChunkArgs& p) {
-  const int64_t V = p.head_dim_v, rows = p.batch * p.seqlen * p.num_heads;
+  // padded value dims run as 64, 128 or 256 lanes' worth (padded_inner_dim), those past V adding zeros
+  const int64_t V = padded_inner_dim(p.head_dim_v), rows = p.batch * p.seqlen * p.num_heads;
   const int64_t rows_per_block = (kDdThreads / 32) * (32 / (V / 8)) * kDdUnroll;
   const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, int64_t(sm_count()) * 8);
   if (blocks == 0) return Status::kSuccess;
   const bool out16 = plan.out_rows_aligned16;
   auto kernel = V == 64 ? (out16 ? grad_weights_kernel<T, 64, true> : grad_weights_kernel<T, 64, false>)
                         : (out16 ? grad_weights_kernel<T, 128, true> : grad_weights_kernel<T, 128, false>);
+  if (p.head_dim_v != 64 && p.head_dim_v != 128)
+    kernel = V == 64    ? (out16 ? grad_weights_kernel<T, 64, true, true> : grad_weights_kernel<T, 64, false, true>)
+             : V == 128 ? (out16 ? grad_weights_kernel<T, 128, true, true> : grad_weights_kernel<T, 128, false, true>)
+                        : (out16 ? grad_weights_kernel<T, 256, true, true> : grad_weights_kernel<T, 256, false, true>);
   kernel<<<static_cast<unsigned>(blocks), kDdThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p);
   return check_launch("chunk_linear_attn backward (weights from the forward's denominators)");
 }

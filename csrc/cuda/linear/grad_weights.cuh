@@ -29,8 +29,10 @@ __device__ __forceinline__ void load8(const T* from, uint32_t (&u)[4]) {
   }
 }
 
-// V in {64, 128} (the tensor-core backward's value dims); kOut16: o's rows are 16-byte aligned.
-template <class T, int V, bool kOut16>
+// V in {64, 128} (the tensor-core backward's value dims; 256 padded only); kOut16: o's rows are
+// 16-byte aligned. kPadded: the real value dim is p.head_dim_v <= V (a multiple of 8); lanes past it
+// add zeros.
+template <class T, int V, bool kOut16, bool kPadded = false>
 __global__ void __launch_bounds__(kDdThreads) grad_weights_kernel(const ChunkArgs p) {
   constexpr int kLanes = V / 8, kRowsPerPass = 32 / kLanes * kDdUnroll;  // lanes per row; rows per pass
   const int lane = threadIdx.x % 32, sub = lane / kLanes, col = (lane % kLanes) * 8;
@@ -63,7 +65,7 @@ __global__ void __launch_bounds__(kDdThreads) grad_weights_kernel(const ChunkArg
       const int64_t h = hk % static_cast<int>(H);
       valid[u] = r0 + k < rows && t >= begin && t < end;
       w[u] = 0.f;
-      if (valid[u]) {
+      if (valid[u] && (!kPadded || col < p.head_dim_v)) {
         load8<T, true>(row<T>(p.dout, b, t, h) + col, d[u]);
         load8<T, kOut16>(row<T>(p.out, b, t, h) + col, o[u]);
         if (col == 0) w[u] = __ldg(w_saved + r0 + k);

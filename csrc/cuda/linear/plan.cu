@@ -43,12 +43,22 @@ bool aligned4_pairs(const ConstView& x) { return aligned4_pairs(x.data, x.stride
 
 bool dim_64_or_128(int64_t d) { return d == 64 || d == 128; }
 
-// The shapes the tensor-core sweeps take (bf16/fp16, 64-token chunks, K in {64, 128}; V % 64 == 0 in
-// the forward, V in {64, 128} in the backward), pointers aside: what the saved layout depends on.
-bool tensor_core_shape(const LinearAttnFwdParams& p, bool recurrent, bool backward) {
+// The head dims every tensor-core sweep takes as they are: K in {64, 128}; V % 64 == 0 in the
+// forward, V in {64, 128} in the backward.
+bool exact_dims(const LinearAttnFwdParams& p, bool backward) {
+  return dim_64_or_128(p.head_dim_k) && (backward ? dim_64_or_128(p.head_dim_v) : p.head_dim_v % 64 == 0);
+}
+// ... and those the padded 64-token wgmma sweeps take (tiles.h).
+bool padded_dims(const LinearAttnFwdParams& p, bool backward) {
+  return cuda::padded_dims(p.head_dim_k, p.head_dim_v, backward);
+}
+
+// The shapes the tensor-core sweeps take (bf16/fp16, 64-token chunks, exact dims on every device and
+// padded ones where wgmma runs), pointers aside: what the saved layout depends on.
+bool tensor_core_shape(const LinearAttnFwdParams& p, bool recurrent, bool backward, bool wgmma) {
   const bool dtype = p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16;
   const bool chunk = !recurrent && (p.chunk_size == 0 || p.chunk_size == kChunk);
-  const bool dims = dim_64_or_128(p.head_dim_k) && (backward ? dim_64_or_128(p.head_dim_v) : p.head_dim_v % 64 == 0);
+  const bool dims = exact_dims(p, backward) || (wgmma && padded_dims(p, backward));
   return dtype && chunk && dims;
 }
 // ... and their rows: 16-byte aligned inputs (cp.async), 4-byte aligned pairs of outputs.
@@ -78,19 +88,26 @@ struct Rules {
   int segments(int64_t blocks, int per_sm) const {
     return split_segments(blocks, per_sm, p.seqlen, device.sm_count, forced.segments);
   }
+  // the device runs wgmma and the test override leaves it (the dims it takes: tensor_core_shape)
+  bool wgmma_device() const { return device.wgmma && !forced.mma_sync; }
   bool wgmma(bool backward) const {
-    const bool dims = dim_64_or_128(p.head_dim_k) && (!backward || dim_64_or_128(p.head_dim_v));
-    return device.wgmma && !forced.mma_sync && dims;
+    return wgmma_device() && (exact_dims(p, backward) || padded_dims(p, backward));
   }
-  int64_t wgmma_blocks(Role r) const { return kv_blocks() * (output_dim(p, r) / 64); }
+  // a sweep of role r pads its tiles: its inner dim is not 64 or 128, or its output dim not a multiple of 64
+  bool padded(Role r) const { return !dim_64_or_128(inner_dim(p, r)) || output_dim(p, r) % 64 != 0; }
+  int padded_inner(Role r) const { return padded_inner_dim(inner_dim(p, r)); }
+  static int wgmma_blocks_per_sm(int inner) {
+    return inner == 64 ? WgmmaTiles<64>::blocks_per_sm
+                       : inner == 128 ? WgmmaTiles<128>::blocks_per_sm : WgmmaTiles<256>::blocks_per_sm;
+  }
+  int64_t wgmma_blocks(Role r) const { return kv_blocks() * ((output_dim(p, r) + 63) / 64); }
   int wgmma_segments(Role r) const {
-    const int per_sm = inner_dim(p, r) == 64 ? WgmmaTiles<64>::blocks_per_sm : WgmmaTiles<128>::blocks_per_sm;
-    return segments(wgmma_blocks(r), per_sm);
+    return segments(wgmma_blocks(r), wgmma_blocks_per_sm(padded_inner(r)));
   }
   int pair_segments(Role r) const { return segments(wgmma_blocks(r), WgmmaPairTiles::blocks_per_sm); }
   bool pairs(Role r) const {
     const bool forward = r == Role::kForward;
-    if (inner_dim(p, r) != 128 || p.chunk_size != 0 || !wgmma(!forward)) return false;
+    if (inner_dim(p, r) != 128 || padded(r) || p.chunk_size != 0 || !wgmma(!forward)) return false;
     if (forced.pairing != testing::Pairing::kAuto) return forced.pairing == testing::Pairing::kAlways;
     return pairs_sweep(forward, p.normalize, p.dtype == DType::kBFloat16, wgmma_blocks(r), wgmma_segments(r),
                        device.sm_count);
@@ -106,7 +123,12 @@ struct Rules {
   Sweep sweep(Role r, bool on_wgmma) const {
     Sweep s;
     s.inner = static_cast<int>(inner_dim(p, r));
-    if (!on_wgmma) {
+    if (on_wgmma && padded(r)) {  // the 64-token sweep, its tiles padded
+      s.kernel = SweepKernel::kWgmma;
+      s.inner = padded_inner(r);
+      s.padded = true;
+      s.segments = wgmma_segments(r);
+    } else if (!on_wgmma) {
       s.kernel = SweepKernel::kMma;
       s.segments = mma_segments(r);
     } else if (pairs(r)) {
@@ -126,7 +148,9 @@ struct Rules {
       const int64_t floats = s.inner == 64 ? MmaTiles<64>::partial_floats : MmaTiles<128>::partial_floats;
       return s.segments * kv_blocks() * (output_dim(p, r) / columns) * floats;
     }
-    const int64_t floats = s.inner == 64 ? WgmmaTiles<64>::partial_floats : WgmmaTiles<128>::partial_floats;
+    const int64_t floats = s.inner == 64    ? WgmmaTiles<64>::partial_floats
+                           : s.inner == 128 ? WgmmaTiles<128>::partial_floats
+                                            : WgmmaTiles<256>::partial_floats;
     return s.segments * wgmma_blocks(r) * floats;
   }
 
@@ -137,7 +161,8 @@ struct Rules {
   // transposed in dq's layout, and dq runs no pass 1 (~130 us at B1-T65536-H16-D128: k and v read
   // once less). Floats, 0 where not kept. Shapes, options and device only (not the pointers).
   int64_t forward_states_for_dq(bool recurrent) const {
-    if (p.normalize || p.head_dim_k != 128 || p.head_dim_v != 128 || !tensor_core_shape(p, recurrent, true) ||
+    if (p.normalize || p.head_dim_k != 128 || p.head_dim_v != 128 ||
+        !tensor_core_shape(p, recurrent, true, wgmma_device()) ||
         !wgmma(false) || pairs(Role::kForward) || pairs(Role::kGradQ))
       return 0;
     const int forward = wgmma_segments(Role::kForward), dq = wgmma_segments(Role::kGradQ);
@@ -147,7 +172,7 @@ struct Rules {
   // The saved buffer's layout: the same for the forward and its backward.
   void saved_layout(ChunkPlan& plan, bool recurrent) const {
     int64_t at = 0;
-    if (p.normalize && tensor_core_shape(p, recurrent, true)) {
+    if (p.normalize && tensor_core_shape(p, recurrent, true, wgmma_device())) {
       plan.saved_den = at;
       at += round256(p.batch * p.seqlen * p.num_heads * int64_t(sizeof(float)));
     }
@@ -213,7 +238,7 @@ ChunkPlan make_forward_plan(const LinearAttnFwdParams& p, bool recurrent, const 
   const Rules rules{p, device, forced};
   ChunkPlan plan;
   rules.saved_layout(plan, recurrent);
-  plan.tensor_cores = tensor_core_shape(p, recurrent, false) && tensor_core_rows(p);
+  plan.tensor_cores = tensor_core_shape(p, recurrent, false, rules.wgmma_device()) && tensor_core_rows(p);
   plan.generic_chunk = forward_generic_chunk(p, recurrent, device);
   if (!plan.tensor_cores) return plan;
   const bool wgmma = rules.wgmma(false);
@@ -242,7 +267,7 @@ ChunkPlan make_backward_plan(const LinearAttnBwdParams& p, bool recurrent, const
   const int64_t acc = p.dtype == DType::kFloat64 ? 8 : 4;
   const int64_t token_scalars = round256(2 * p.batch * p.seqlen * p.num_heads * acc);  // w, dd (or den, dd)
   plan.workspace_bytes = token_scalars;
-  plan.tensor_cores = tensor_core_shape(p, recurrent, true) && tensor_core_rows(p);
+  plan.tensor_cores = tensor_core_shape(p, recurrent, true, rules.wgmma_device()) && tensor_core_rows(p);
   plan.generic_chunk = backward_generic_chunk(p, recurrent, device);
   if (!plan.tensor_cores) return plan;
   const bool wgmma = rules.wgmma(true);

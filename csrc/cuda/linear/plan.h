@@ -46,6 +46,7 @@ struct Region {
 struct Sweep {
   SweepKernel kernel = SweepKernel::kMma;
   int inner = 64;  // the inner dim DI of its products
+  bool padded = false;  // its tiles padded with zeros to DI rows and 64 columns (tiles.h, padded_dims)
   int segments = 1;
   FirstPass first_pass = FirstPass::kNone;
   Region partials;             // its pass-1 partials (dq's from the forward: in saved)

@@ -22,6 +22,9 @@
 // dk and dv sum over the query heads of a group: A S enters once per chunk (A is the kv head's), the
 // state moves with every head. The segment split (SegmentSplit) works as in mma_scan_kernel with this
 // kernel's tiles and partial size (WgmmaLayout); the workspace is sized for whichever sweep runs.
+// kPadded: the real inner dim may be less than DI and the output dim any multiple of 8; the tiles load
+// zeros past the real columns, so every product over them adds nothing, and only real columns of S, z
+// and the outputs are read or written (tiles.h, padded head dims).
 #pragma once
 
 #include "scan_roles.cuh"
@@ -32,11 +35,12 @@
 
 namespace attnrnn::cuda {
 
-template <class T, ScanRole R, int DI, bool WithNormalizer>
+template <class T, ScanRole R, int DI, bool WithNormalizer, bool kPadded = false>
 __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks)
     wgmma_scan_kernel(const ChunkArgs p, const SegmentSplit split, const ScanFeatures feat) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(R != ScanRole::kGradKV || DI == 64, "the fused dk + dv sweep is for K = V = 64");
+  static_assert(!kPadded || R != ScanRole::kGradKV, "the fused dk + dv sweep is for K = V = 64 exactly");
   using Info = RoleInfo<R>;
   using L = WgmmaLayoutOf<R, DI>;
   constexpr bool kFwd = R == ScanRole::kForward, kDq = R == ScanRole::kGradQ, kDk = R == ScanRole::kGradK;
@@ -52,7 +56,8 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
   const int64_t out_cols = (kFwd || Info::dv_like) ? V : K;
-  const int tiles = static_cast<int>(out_cols / D), tile = blockIdx.x % tiles;
+  const int64_t inner = (kFwd || Info::dv_like) ? K : V;  // DI where not kPadded
+  const int tiles = static_cast<int>(kPadded ? (out_cols + D - 1) / D : out_cols / D), tile = blockIdx.x % tiles;
   const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
   const int seg = (blockIdx.x / tiles) % split.segments;
   const int c0 = tile * D;
@@ -75,6 +80,12 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
 #pragma unroll
       for (int i = 0; i < 32; ++i) f(S[h][i], 64 * h + wg_acc_row(tid, i), wg_acc_col(tid, i));
   };
+  // ... on the real elements only (kPadded: d < inner, c0 + c < out_cols)
+  auto for_each_real_state = [&](auto&& f) {
+    for_each_state([&](float& x, int d, int c) {
+      if (!kPadded || (d < inner && c0 + c < out_cols)) f(x, d, c);
+    });
+  };
   auto hold_state = [&]() {
 #pragma unroll
     for (int h = 0; h < KT; ++h) wg_hold(S[h]);
@@ -84,21 +95,29 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
   // ---- initial state: S in registers, z in shared memory ---------------------------------------
   {
     const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
-    load_initial_state(for_each_state, split.state_only ? nullptr : S0, mat_index, partial_at, earlier, D);
+    if constexpr (kPadded) for_each_state([](float& x, int, int) { x = 0.f; });
+    load_initial_state(for_each_real_state, split.state_only ? nullptr : S0, mat_index, partial_at, earlier, D);
   }
   // z: the forward's key sums on the inner dims; dq's key sums and dk's dz on the output columns
   constexpr int z_width = kFwd ? DI : (kDq || kDk || kDkv) ? D : 0;
   auto z_initial = [&](int i) {
     const float* z0 = static_cast<const float*>(kDk || kDkv ? p.d_final_z : p.initial_z);
     const int64_t zi = state_row * K + (kFwd ? 0 : c0) + i;
+    if (kPadded && (kFwd ? 0 : c0) + i >= K) return 0.f;
     float x = (z0 != nullptr && !split.state_only) ? z0[zi] : 0.f;
     for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * D + i];
     return x;
   };
-  if (z_width > 0 && normalizes<WithNormalizer>(p) && tid < z_width) z[tid] = z_initial(tid);
+  if (z_width > 0 && normalizes<WithNormalizer>(p)) {
+    if constexpr (z_width > kScanThreads) {
+      for (int i = tid; i < z_width; i += kScanThreads) z[i] = z_initial(i);
+    } else if (tid < z_width) {
+      z[tid] = z_initial(tid);
+    }
+  }
   // The forward's z split for the bf16 sums (wg_split_operand), in dd's place, renewed with z
   constexpr bool kSplitZ = kFwd && std::is_same_v<T, __nv_bfloat16>;
-  static_assert(NS * C >= DI, "the forward's split z (one word per dim) fits in dd's place");
+  static_assert(L::z - L::dd >= DI, "the forward's split z (one word per dim) fits in dd's place");
   uint32_t* zs = reinterpret_cast<uint32_t*>(fl + L::dd);
   if (kSplitZ && normalizes<WithNormalizer>(p)) split_vector<T>(z_initial, DI, zs, tid);
   // S as 16-bit hi + lo tiles [d][c] for the products A S
@@ -113,12 +132,13 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
   auto step_of = [&](const Walk& w) { return walk.at<Info::reverse>(w); };
   auto advance = [&](Walk& w) { walk.advance(w); };
   // the operands' tile sources, hoisted (WgSource); tiles are laid out by wg_at (wgmma.cuh)
-  auto source = [&](const ConstView& v, int col0) { return wg_source<T>(v, seq, col0, tid); };
-  const WgSource<T> a_src = source(tc_view(p, feat, Info::a), 0), b_src = source(tc_view(p, feat, Info::b), 0),
-                    c_src = source(tc_view(p, feat, Info::c), c0), v_src = source(p.v, 0);
+  auto dim_of = [&](Operand o) { return static_cast<int>(o == Operand::kQ || o == Operand::kK ? K : V); };
+  auto source = [&](Operand o, int col0) { return wg_source<T>(tc_view(p, feat, o), seq, col0, tid, dim_of(o)); };
+  const WgSource<T> a_src = source(Info::a, 0), b_src = source(Info::b, 0), c_src = source(Info::c, c0),
+                    v_src = source(Operand::kV, 0);
   auto head_of = [&](Operand src, const Step& s) { return per_query_head(src) ? s.h : g; };
   auto load_tiles = [&](unsigned char* dst, const WgSource<T>& src, int64_t head, int width, const Step& s) {
-    wg_load_tiles<T>(dst, src, head, width, s.t0, s.cl, tid);
+    wg_load_tiles<T, kPadded>(dst, src, head, width, s.t0, s.cl, tid);
   };
   // The backward's per-token weights of a step, loaded before its tiles are waited for: w of the rows
   // this thread copies (dv scales its pieces of the dout tile with them, dk those of dout or of
@@ -319,8 +339,9 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
         constexpr bool kStaged =
             !(DI == 64 && WithNormalizer && (kFwd || (kDk && std::is_same_v<T, __half>)));
         auto write_rows = [&](const MutView out, const float(&acc)[32], bool dphi_of, const ConstView phi_rows) {
-          nonfinite |= wg_write_rows<T>(out, acc, inv, p.feature_map, dphi_of, phi_rows, seq.b, s.t0, s.cl, out_head,
-                                        c0, tid, kStaged ? At : nullptr);
+          nonfinite |= wg_write_rows<T, 16, kPadded>(out, acc, inv, p.feature_map, dphi_of, phi_rows, seq.b, s.t0,
+                                                     s.cl, out_head, c0, tid, kStaged ? At : nullptr,
+                                                     static_cast<int>(out_cols - c0));
         };
         if constexpr (kFwd) write_rows(p.o, O, false, p.q);
         if constexpr (kDq) write_rows(p.dq, O, phi_used, dphi_rows(feat.q, p.q));
@@ -328,9 +349,9 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
         if constexpr (Info::dv_like) write_rows(p.dv, O, false, p.k);
         if constexpr (kDkv) write_rows(p.dk, O2, phi_used, dphi_rows(feat.k, p.k));
       };
-      // At DI = 128 the epilogue runs while S += B^T Cv does; at DI = 64 its second copy (one per
+      // At DI >= 128 the epilogue runs while S += B^T Cv does; at DI = 64 its second copy (one per
       // branch) made the forward spill 64 bytes instead of 8 under the 3-blocks-per-SM budget.
-      constexpr bool kEpilogueInShadow = DI == 128;
+      constexpr bool kEpilogueInShadow = DI >= 128;
       if (update) {
         wg_fence();
         wg_update_state<T, KT>(S, Bt, Ct);
@@ -370,19 +391,30 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
   if (split.state_only) {
     float* part = partial_at(seg);
     for_each_state([&](float& x, int d, int c) { part[d * D + c] = x; });
-    if (tid < L::z_floats) part[DI * D + tid] = normalizes<WithNormalizer>(p) && tid < z_width ? z[tid] : 0.f;
+    if constexpr (L::z_floats > kScanThreads) {
+      for (int i = tid; i < L::z_floats; i += kScanThreads)
+        part[DI * D + i] = normalizes<WithNormalizer>(p) && i < z_width ? z[i] : 0.f;
+    } else if (tid < L::z_floats) {
+      part[DI * D + tid] = normalizes<WithNormalizer>(p) && tid < z_width ? z[tid] : 0.f;
+    }
     return;
   }
   if (seg != split.segments - 1) return;
   if constexpr (kFwd || Info::dv_like) {
     float* final_S = static_cast<float*>(kFwd ? p.final_S : p.d_initial_S);
-    if (final_S != nullptr) for_each_state([&](float& x, int d, int c) { final_S[mat_index(d, c)] = x; });
+    if (final_S != nullptr) for_each_real_state([&](float& x, int d, int c) { final_S[mat_index(d, c)] = x; });
   }
   if constexpr (kFwd) {
-    if (p.final_z != nullptr && tile == 0 && tid < DI) static_cast<float*>(p.final_z)[state_row * K + tid] = z[tid];
+    if constexpr (DI > kScanThreads) {
+      if (p.final_z != nullptr && tile == 0)
+        for (int i = tid; i < K; i += kScanThreads) static_cast<float*>(p.final_z)[state_row * K + i] = z[i];
+    } else if (p.final_z != nullptr && tile == 0 && tid < (kPadded ? K : DI)) {
+      static_cast<float*>(p.final_z)[state_row * K + tid] = z[tid];
+    }
   }
   if constexpr (kDk || kDkv) {
-    if (normalizes<WithNormalizer>(p) && p.d_initial_z != nullptr && tid < D) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + tid] = z[tid];
+    if (normalizes<WithNormalizer>(p) && p.d_initial_z != nullptr && tid < D && (!kPadded || c0 + tid < K))
+      static_cast<float*>(p.d_initial_z)[state_row * K + c0 + tid] = z[tid];
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // launched from an image without sm_90a code: fail loudly rather than leave outputs unwritten

@@ -62,8 +62,8 @@ constexpr bool kHasSegmentStateKernel = R == ScanRole::kForward || R == ScanRole
 
 // Grid as run_sweep's: (sequences x segments x output tiles, kv heads); chunk: the tokens per
 // chunk of pass 2 (64, or 128 for wgmma_pair_scan_kernel), in which split.seg_chunks counts;
-// BlocksPerSm as SegmentStateLayout's.
-template <class T, ScanRole R, int DI, int BlocksPerSm, bool WithNormalizer>
+// BlocksPerSm as SegmentStateLayout's; kPadded as wgmma_scan_kernel's (tiles zero past the real columns).
+template <class T, ScanRole R, int DI, int BlocksPerSm, bool WithNormalizer, bool kPadded = false>
 __global__ void __launch_bounds__(kScanThreads, BlocksPerSm)
     segment_state_kernel(const ChunkArgs p, const SegmentSplit split, const ScanFeatures feat, int chunk) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kScanThreads, BlocksPerSm)
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads;
   const int64_t out_cols = (kFwd || Info::dv_like) ? p.head_dim_v : p.head_dim_k;
-  const int tiles = static_cast<int>(out_cols / D), tile = blockIdx.x % tiles;
+  const int tiles = static_cast<int>(kPadded ? (out_cols + D - 1) / D : out_cols / D), tile = blockIdx.x % tiles;
   const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
   const int seg = (blockIdx.x / tiles) % split.segments;
   const int tid = threadIdx.x;
@@ -129,16 +129,19 @@ __global__ void __launch_bounds__(kScanThreads, BlocksPerSm)
     s.cl -= C * c.sub;
     return s;
   };
-  const WgSource<T> b_src = wg_source<T>(tc_view(p, feat, Info::b), seq, 0, tid);
-  const WgSource<T> c_src = wg_source<T>(tc_view(p, feat, Info::c), seq, tile * D, tid);
+  auto dim_of = [&](Operand o) {
+    return static_cast<int>(o == Operand::kQ || o == Operand::kK ? p.head_dim_k : p.head_dim_v);
+  };
+  const WgSource<T> b_src = wg_source<T>(tc_view(p, feat, Info::b), seq, 0, tid, dim_of(Info::b));
+  const WgSource<T> c_src = wg_source<T>(tc_view(p, feat, Info::c), seq, tile * D, tid, dim_of(Info::c));
   auto stage = [&](int i) { return smem + (i % NS) * L::stage; };
   Cursor issued{walk.start(), 0}, current{walk.start(), 0};
   auto issue = [&](int i) {  // step i's B and Cv tiles (rows past the segment's end as zeros)
     if constexpr (kWeighs) {
       const WgStep s = tile_at(issued);
       advance(issued);
-      wg_load_tiles<T>(stage(i), b_src, s.h, DI, s.t0, s.cl, tid);
-      wg_load_tiles<T>(stage(i) + KT * kWgTileBytes, c_src, s.h, D, s.t0, s.cl, tid);
+      wg_load_tiles<T, kPadded>(stage(i), b_src, s.h, DI, s.t0, s.cl, tid);
+      wg_load_tiles<T, kPadded>(stage(i) + KT * kWgTileBytes, c_src, s.h, D, s.t0, s.cl, tid);
       if constexpr (kRowWeights) {  // w of this thread's rows, into its own slot (0 past the end)
         float* slot = fl + L::w + (i % NS) * L::w_floats + 4 * tid;
 #pragma unroll
@@ -160,8 +163,8 @@ __global__ void __launch_bounds__(kScanThreads, BlocksPerSm)
     } else {
       const int64_t t = first + int64_t(i) * C;
       const int cl = static_cast<int>(end - t < C ? end - t : C);
-      wg_load_tiles<T>(stage(i), b_src, g, DI, seq.t0 + t, cl, tid);
-      wg_load_tiles<T>(stage(i) + KT * kWgTileBytes, c_src, g, D, seq.t0 + t, cl, tid);
+      wg_load_tiles<T, kPadded>(stage(i), b_src, g, DI, seq.t0 + t, cl, tid);
+      wg_load_tiles<T, kPadded>(stage(i) + KT * kWgTileBytes, c_src, g, D, seq.t0 + t, cl, tid);
     }
   };
 
@@ -257,11 +260,15 @@ __global__ void __launch_bounds__(kScanThreads, BlocksPerSm)
 #pragma unroll
     for (int h = 0; h < ZT; ++h) wg_store_z(Z[h], z_part + 64 * h, tid);
   }
-  static_assert(L::z_floats <= kScanThreads, "one thread per z entry");
   if constexpr (kSumsDz) {
     if (tid < D) z_part[tid] = dz[tid];
   }
-  if (tid < L::z_floats && (!(kSumsZ || kSumsDz) || tid >= ZT * 64)) z_part[tid] = 0.f;
+  if constexpr (L::z_floats > kScanThreads) {
+    for (int i = tid; i < L::z_floats; i += kScanThreads)
+      if (!(kSumsZ || kSumsDz) || i >= ZT * 64) z_part[i] = 0.f;
+  } else if (tid < L::z_floats && (!(kSumsZ || kSumsDz) || tid >= ZT * 64)) {
+    z_part[tid] = 0.f;
+  }
 
   // ---- the transposed role's partials from the same sums (split.partial_t) -----------------------------
   // dv sums U = sum_t (phi(q_t))^T (w dout_t) [K][V], dk R = sum_t dout_t^T (w phi(q_t)) [V][K] over

@@ -75,7 +75,7 @@ Status run_sweep(Kernel kernel, int64_t smem_bytes, int threads, int chunk, cons
 
 // Pass 1 of a wgmma sweep on segment_state_kernel: BlocksPerSm is what pass 2's split assumes, chunk
 // pass 2's chunk length (the pass sums 64-token tiles in pass 2's order).
-template <class T, ScanRole R, int DI, int BlocksPerSm, bool WithNormalizer>
+template <class T, ScanRole R, int DI, int BlocksPerSm, bool WithNormalizer, bool kPadded = false>
 struct StateKernelPass {
   const ChunkArgs& p;
   const ScanFeatures& feat;
@@ -84,7 +84,7 @@ struct StateKernelPass {
   unsigned grid_scale = 1;  // blocks of the state pass per block of pass 2 (the fused dk + dv sweep: 2)
 
   Status operator()(const SegmentSplit& split, dim3 grid, cudaStream_t stream) const {
-    auto kernel = segment_state_kernel<T, R, DI, BlocksPerSm, WithNormalizer>;
+    auto kernel = segment_state_kernel<T, R, DI, BlocksPerSm, WithNormalizer, kPadded>;
     constexpr int64_t bytes = SegmentStateLayoutOf<R, DI, BlocksPerSm, WithNormalizer>::smem_bytes;
     const Status s = allow_smem(kernel, bytes, what);
     if (s != Status::kSuccess) return s;
@@ -99,10 +99,12 @@ struct NoStateKernel {
   }
 };
 
-// Output tiles of 64 columns of a wgmma sweep: the forward's and dv's over V, dq's and dk's over K.
-template <ScanRole R>
+// Output tiles of 64 columns of a wgmma sweep: the forward's and dv's over V, dq's and dk's over K
+// (the last one partly padded where kPadded).
+template <ScanRole R, bool kPadded = false>
 int64_t wgmma_tiles(const ChunkArgs& p) {
-  return (R == ScanRole::kForward || RoleInfo<R>::dv_like ? p.head_dim_v : p.head_dim_k) / 64;
+  const int64_t cols = R == ScanRole::kForward || RoleInfo<R>::dv_like ? p.head_dim_v : p.head_dim_k;
+  return kPadded ? (cols + 63) / 64 : cols / 64;
 }
 
 // Each wgmma kernel is compiled for one normalize mode (WithNormalizer): the sweeps without it carry
@@ -121,19 +123,44 @@ Status run_mma_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures&
                    tc_tiles<R, DI>(p), feat, what, NoStateKernel{});
 }
 
-template <class T, ScanRole R, int DI, bool WithNormalizer>
+template <class T, ScanRole R, int DI, bool WithNormalizer, bool kPadded = false>
 Status run_wgmma_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
   if (const Status s = check_normalize_mode<WithNormalizer>(p, what); s != Status::kSuccess) return s;
   using L = WgmmaLayoutOf<R, DI>;
-  auto kernel = wgmma_scan_kernel<T, R, DI, WithNormalizer>;
+  auto kernel = wgmma_scan_kernel<T, R, DI, WithNormalizer, kPadded>;
+  const int64_t tiles = wgmma_tiles<R, kPadded>(p);
   if constexpr (kHasSegmentStateKernel<R, WithNormalizer>) {
-    return run_sweep(kernel, L::smem_bytes, kScanThreads, kChunk, p, sweep, wgmma_tiles<R>(p), feat, what,
-                     StateKernelPass<T, R, DI, L::min_blocks, WithNormalizer>{p, feat, kChunk, what});
+    return run_sweep(kernel, L::smem_bytes, kScanThreads, kChunk, p, sweep, tiles, feat, what,
+                     StateKernelPass<T, R, DI, L::min_blocks, WithNormalizer, kPadded>{p, feat, kChunk, what});
   } else {
-    return run_sweep(kernel, L::smem_bytes, kScanThreads, kChunk, p, sweep, wgmma_tiles<R>(p), feat, what,
-                     NoStateKernel{});
+    return run_sweep(kernel, L::smem_bytes, kScanThreads, kChunk, p, sweep, tiles, feat, what, NoStateKernel{});
   }
 }
+
+// The 64-token wgmma sweeps of padded head dims (Sweep::padded), instantiated apart
+// (instantiations/padded_*.cu) so that the exact dims' translation units do not compile them.
+template <class T, ScanRole R, int DI, bool WithNormalizer>
+Status run_padded_wgmma_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
+  return run_wgmma_sweep<T, R, DI, WithNormalizer, true>(sweep, p, feat, what);
+}
+#define ATTNRNN_PADDED_SWEEP(PREFIX, T, R, DI, N) \
+  PREFIX template Status run_padded_wgmma_sweep<T, R, DI, N>(const Sweep&, const ChunkArgs&, const ScanFeatures&, const char*);
+#define ATTNRNN_PADDED_SWEEPS_OF(PREFIX, T, R, N) \
+  ATTNRNN_PADDED_SWEEP(PREFIX, T, R, 64, N)       \
+  ATTNRNN_PADDED_SWEEP(PREFIX, T, R, 128, N)      \
+  ATTNRNN_PADDED_SWEEP(PREFIX, T, R, 256, N)
+#define ATTNRNN_PADDED_FORWARD(PREFIX, T) ATTNRNN_PADDED_SWEEPS_OF(PREFIX, T, ScanRole::kForward, true) \
+  ATTNRNN_PADDED_SWEEPS_OF(PREFIX, T, ScanRole::kForward, false)
+#define ATTNRNN_PADDED_BACKWARD(PREFIX, T, N)          \
+  ATTNRNN_PADDED_SWEEPS_OF(PREFIX, T, ScanRole::kGradQ, N) \
+  ATTNRNN_PADDED_SWEEPS_OF(PREFIX, T, ScanRole::kGradK, N) \
+  ATTNRNN_PADDED_SWEEPS_OF(PREFIX, T, ScanRole::kGradV, N)
+ATTNRNN_PADDED_FORWARD(extern, __nv_bfloat16)
+ATTNRNN_PADDED_FORWARD(extern, __half)
+ATTNRNN_PADDED_BACKWARD(extern, __nv_bfloat16, true)
+ATTNRNN_PADDED_BACKWARD(extern, __nv_bfloat16, false)
+ATTNRNN_PADDED_BACKWARD(extern, __half, true)
+ATTNRNN_PADDED_BACKWARD(extern, __half, false)
 
 template <class T, ScanRole R, bool WithNormalizer>
 Status run_wgmma_pair_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
@@ -153,6 +180,10 @@ Status run_planned_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatu
       return sweep.inner == 64 ? run_mma_sweep<T, R, 64>(sweep, p, feat, what)
                                : run_mma_sweep<T, R, 128>(sweep, p, feat, what);
     case SweepKernel::kWgmma:
+      if (sweep.padded)
+        return sweep.inner == 64    ? run_padded_wgmma_sweep<T, R, 64, WithNormalizer>(sweep, p, feat, what)
+               : sweep.inner == 128 ? run_padded_wgmma_sweep<T, R, 128, WithNormalizer>(sweep, p, feat, what)
+                                    : run_padded_wgmma_sweep<T, R, 256, WithNormalizer>(sweep, p, feat, what);
       return sweep.inner == 64 ? run_wgmma_sweep<T, R, 64, WithNormalizer>(sweep, p, feat, what)
                                : run_wgmma_sweep<T, R, 128, WithNormalizer>(sweep, p, feat, what);
     case SweepKernel::kWgmmaPair:

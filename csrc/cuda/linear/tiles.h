@@ -33,12 +33,13 @@ struct MmaTiles {
 // wgmma scan on 64-token chunks (scan_wgmma.cuh), inner dim DI:
 // - 64 output columns: the products are m64n64, and q and k are read once per 64 columns;
 // - 3 blocks per SM at DI = 64 (65 KiB, <= 170 registers), 2 at DI = 128 (113 KiB, no slack: one
-//   more KiB would leave one block) and for the fused dk + dv sweep at K = V = 64 (81 KiB);
+//   more KiB would leave one block) and for the fused dk + dv sweep at K = V = 64 (81 KiB); 1 at
+//   DI = 256 (the padded inner dims past 128: 210 KiB, and the state alone 128 registers);
 // - 2 cp.async stages: the prototype measured 2, 3 and 4 equal.
 template <int DI, bool kGradKv = false>
 struct WgmmaTiles {
   static constexpr int columns = 64;
-  static constexpr int blocks_per_sm = DI == 64 && !kGradKv ? 3 : 2;
+  static constexpr int blocks_per_sm = DI == 64 && !kGradKv ? 3 : DI == 256 ? 1 : 2;
   static constexpr int stages = 2;
   // a block's pass-1 partial: S [DI][64], then z on max(DI, 64); the pair and fused sweeps' too
   static constexpr int64_t partial_floats = DI * 64 + (DI > 64 ? DI : 64);
@@ -96,6 +97,20 @@ inline bool pairs_sweep(bool forward, bool normalize, bool bf16, int64_t blocks,
   if (forward && normalize && bf16) return one_wave;
   return one_wave && segments_64 == 1;
 }
+
+// Head dims other than K in {64, 128} (and V in {64, 128} in the backward, V % 64 == 0 in the forward)
+// run on the 64-token wgmma sweep with its tiles padded: zeros loaded past the real columns (DI = 64
+// for an inner dim <= 64, 128 up to 128, else 256; output dims in 64-column tiles, the last one
+// partly written). The zeros add nothing to any product, so the sums are those of the real dims. Any
+// multiple of 8 (cp.async's 16-byte pieces) up to 256, and the forward's V any multiple of 8: its
+// output tiles are independent. sm_90a only: elsewhere these shapes run the generic kernels.
+inline bool padded_dims(int64_t K, int64_t V, bool backward) {
+  const bool k = K > 0 && K <= 256 && K % 8 == 0;
+  const bool v = V > 0 && V % 8 == 0 && (!backward || V <= 256);
+  return k && v;
+}
+// The padded sweeps' inner dim DI for a real inner dim.
+inline int padded_inner_dim(int64_t inner) { return inner <= 64 ? 64 : inner <= 128 ? 128 : 256; }
 
 // dk and dv at K = V = 128 without the normalizer as one sweep of two warpgroups (WgmmaGradKvTiles)
 // that reads q, k, v and dout once for both (six tensors of traffic for eight): where its (sequence,

@@ -21,13 +21,14 @@ struct WgmmaLayout {
   // shared memory: 65 / 113 KiB per block (81 KiB with four tiles, and registers for two outputs)
   static constexpr int min_blocks = WgmmaTiles<DI, kFourTiles>::blocks_per_sm;
   static constexpr int z_floats = DI > 64 ? DI : 64;         // z on the inner dims or the 64 columns
-  // floats after the tiles: the dk sweep's dd [stages][64], then z; the base is 1024-byte aligned
-  // (no slack: at DI = 128 the block uses exactly half an SM's shared memory)
-  static constexpr int dd = 0, z = stages * kChunk, floats = z + z_floats;
+  // floats after the tiles: the dk sweep's dd [stages][64] (or the forward's split z, one word per
+  // dim), then z; the base is 1024-byte aligned (no slack: at DI = 128 the block uses exactly half an
+  // SM's shared memory)
+  static constexpr int dd = 0, z = stages * kChunk > DI ? stages * kChunk : DI, floats = z + z_floats;
   static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + floats * 4;
   static constexpr int64_t partial_floats = WgmmaTiles<DI>::partial_floats;  // S [DI][64], then z
   static_assert(partial_floats == DI * 64 + z_floats, "the partial holds S, then z");
-  static_assert(DI == 64 || DI == 128, "inner dim 64 or 128");
+  static_assert(DI == 64 || DI == 128 || DI == 256, "inner dim 64, 128 or 256");
   static_assert(!kFourTiles || DI == 64, "the fused dk + dv sweep is for K = V = 64");
   // 228 KiB per SM on sm_90, and 1 KiB of each block's is reserved by the system
   static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
@@ -78,16 +79,20 @@ template <class T>
 struct WgSource {
   const T* base;
   int64_t stride_t, stride_h;
+  int cols;  // padded sweeps: the view's columns from this thread's piece on (its piece of tile d0 is real
+             // where d0 < cols); unused otherwise
 };
-// The source of view v's columns col0 + [0, 64) in sequence seq (128 threads to a row's 8 pieces).
+// The source of view v's columns col0 + [0, 64) in sequence seq (128 threads to a row's 8 pieces), of
+// `dim` real columns.
 template <class T>
-__device__ __forceinline__ WgSource<T> wg_source(const ConstView& v, const Seq& seq, int col0, int tid) {
-  return WgSource<T>{static_cast<const T*>(v.data) + seq.b * v.stride_b + col0 + (tid % 8) * 8, v.stride_t, v.stride_h};
+__device__ __forceinline__ WgSource<T> wg_source(const ConstView& v, const Seq& seq, int col0, int tid, int dim = 0) {
+  return WgSource<T>{static_cast<const T*>(v.data) + seq.b * v.stride_b + col0 + (tid % 8) * 8, v.stride_t, v.stride_h,
+                     dim - col0 - (tid % 8) * 8};
 }
 
 // `width` columns of a chunk's rows (from token t0, cl of them valid) into 64-column tiles at dst;
-// rows past the chunk's end arrive as zeros.
-template <class T>
+// rows past the chunk's end arrive as zeros, and so do columns past src.cols where kPadded.
+template <class T, bool kPadded = false>
 __device__ __forceinline__ void wg_load_tiles(unsigned char* dst, const WgSource<T>& src, int64_t head, int width,
                                               int64_t t0, int cl, int tid) {
   const T* chunk = src.base + t0 * src.stride_t + head * src.stride_h;
@@ -98,7 +103,14 @@ __device__ __forceinline__ void wg_load_tiles(unsigned char* dst, const WgSource
 #pragma unroll
     for (int j = 0; j < kChunk / 16; ++j)
 #pragma unroll
-      for (int d0 = 0; d0 < width; d0 += 64) cp_async16(dst + wg_at(tid / 8 + 16 * j, d0 + piece * 8), row0 + j * rows16 + d0, true);
+      for (int d0 = 0; d0 < width; d0 += 64) {
+        if constexpr (kPadded) {
+          const bool real = d0 < src.cols;
+          cp_async16(dst + wg_at(tid / 8 + 16 * j, d0 + piece * 8), real ? row0 + j * rows16 + d0 : src.base, real);
+        } else {
+          cp_async16(dst + wg_at(tid / 8 + 16 * j, d0 + piece * 8), row0 + j * rows16 + d0, true);
+        }
+      }
     return;
   }
 #pragma unroll
@@ -107,7 +119,14 @@ __device__ __forceinline__ void wg_load_tiles(unsigned char* dst, const WgSource
     const bool valid = r < cl;
     const T* from = valid ? chunk + r * src.stride_t : src.base;
 #pragma unroll
-    for (int d0 = 0; d0 < width; d0 += 64) cp_async16(dst + wg_at(r, d0 + piece * 8), from + (valid ? d0 : 0), valid);
+    for (int d0 = 0; d0 < width; d0 += 64) {
+      if constexpr (kPadded) {
+        const bool real = valid && d0 < src.cols;
+        cp_async16(dst + wg_at(r, d0 + piece * 8), real ? from + d0 : src.base, real);
+      } else {
+        cp_async16(dst + wg_at(r, d0 + piece * 8), from + (valid ? d0 : 0), valid);
+      }
+    }
   }
 }
 
@@ -369,11 +388,13 @@ __device__ __forceinline__ bool wg_aligned16(const MutView& out) {
 // (the paired sweeps with the normalizer: their dk 4 -> 20 bytes).
 // Returns whether a row it wrote (of the cl valid) has an accumulator element that is not finite
 // (note_nonfinite): x * 0 is 0 for a finite x and NaN otherwise, one FFMA per element.
-template <class T, int Batch = 16>
+// kPadded: out has `cols` real columns from c0 on (a multiple of 8, possibly fewer than 64); the rest
+// of the accumulator (products with the zeros the tiles were padded with) is not written.
+template <class T, int Batch = 16, bool kPadded = false>
 __device__ __forceinline__ bool wg_write_rows(const MutView out, const float (&acc)[32], const float (&inv)[2],
                                               FeatureMap fm, bool dphi_of, const ConstView phi_rows, int64_t b,
                                               int64_t t0, int cl, int64_t head, int c0, int tid,
-                                              unsigned char* scratch = nullptr) {
+                                              unsigned char* scratch = nullptr, int cols = 64) {
   const int r0 = wg_acc_row(tid, 0);
   // Checked before the stores, which then consume acc: one predicate stays live through them.
   float finite = 0.f;  // 0 while every value of this thread's rows < cl is finite
@@ -396,7 +417,8 @@ __device__ __forceinline__ bool wg_write_rows(const MutView out, const float (&a
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
           const int e = e0 + 2 * i, half = (e >> 1) & 1;
-          raw2[i] = r0 + 8 * half < cl
+          const bool real = !kPadded || wg_acc_col(tid, 0) + 8 * (e >> 2) < cols;
+          raw2[i] = r0 + 8 * half < cl && real
                         ? *reinterpret_cast<const uint32_t*>(raw0 + 8 * half * phi_rows.stride_t + 8 * (e >> 2))
                         : 0u;
         }
@@ -433,9 +455,10 @@ __device__ __forceinline__ bool wg_write_rows(const MutView out, const float (&a
       uint4 v[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) v[k] = *reinterpret_cast<const uint4*>(scratch + wg_at(r + 4 * k, 8 * piece));
+      const bool real = !kPadded || 8 * piece < cols;
 #pragma unroll
       for (int k = 0; k < 4; ++k, o += rows4)
-        if (r + 4 * k < cl) *reinterpret_cast<uint4*>(o) = v[k];
+        if (r + 4 * k < cl && real) *reinterpret_cast<uint4*>(o) = v[k];
       return;
     }
     T* const o0 = row<T>(out, b, t0 + r0, head) + c0 + wg_acc_col(tid, 0);
@@ -444,7 +467,8 @@ __device__ __forceinline__ bool wg_write_rows(const MutView out, const float (&a
     for (int e = 0; e < 32; e += 2) {
       if (kBatch < 16 && e / 2 % kBatch == 0) load_raw(e);
       const int half = (e >> 1) & 1;
-      if (r0 + 8 * half < cl) *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = packed(e);
+      const bool real = !kPadded || wg_acc_col(tid, 0) + 8 * (e >> 2) < cols;
+      if (r0 + 8 * half < cl && real) *reinterpret_cast<uint32_t*>(orow[half] + 8 * (e >> 2)) = packed(e);
     }
   };
   using Identity = std::integral_constant<FeatureMap, FeatureMap::kIdentity>;
