@@ -70,6 +70,26 @@ def test_padded_head_dims_meet_rules(ar, ref, case):
     check_all(ours, base, ref64, case.dtype)
 
 
+# Backward shapes whose padded sweeps sit beside exact ones with three or four output tiles: dv at
+# K = 128 over V = 192 or 256 (on 64- or 128-token chunks), dq and dk at V = 64 or 128 over K = 192
+# or 256, dv at K = 64 over V = 192.
+WIDE_OUTPUT_CASES = [
+    Case(2, 300, 2, 128, bf16, V=256, initial_state=True, final_state=True),
+    Case(1, 3000, 2, 128, bf16, V=192, feature_map=None, normalize=False),
+    Case(2, 257, 2, 256, bf16, V=128, initial_state=True, final_state=True),
+    Case(2, 300, 2, 192, fp16, V=64, feature_map="relu"),
+    Case(2, 300, 2, 64, bf16, V=192, normalize=False, initial_state=True, final_state=True),
+]
+
+
+@pytest.mark.parametrize("pairing", ["auto", "always"])
+@pytest.mark.parametrize("case", WIDE_OUTPUT_CASES, ids=lambda c: c.id)
+def test_exact_sweeps_beside_padded_ones_meet_rules(ar, ref, forced_plan, case, pairing):
+    with forced_plan(pairing=pairing):
+        ours, base, ref64 = compute_all(ar, ref, "chunk", case, "cuda")
+    check_all(ours, base, ref64, case.dtype)
+
+
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "unnorm"])
 def test_zero_scale_gives_zero_outputs_and_gradients_on_the_tensor_cores(ar, normalize):
     """scale = 0 makes w = 0: dq scales its rows by w in the epilogue and takes dd as dd / w."""
