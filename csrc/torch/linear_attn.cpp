@@ -1,6 +1,7 @@
 // ATen glue of the linear-attention ops: check every argument (naming it in the error), allocate
 // outputs, fill the torch-free params struct, pick the device's stream, and turn a status into an
 // exception. No math lives here.
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -21,6 +22,18 @@ namespace attnrnn::aten {
 namespace {
 
 using namespace detail;
+
+// PyTorch's float32 matmul precision for CUDA: "high" and "medium" (torch.set_float32_matmul_precision,
+// or torch.backends.cuda.matmul.fp32_precision = "tf32") let fp32 products read TF32 operands, as
+// cuBLAS's matmuls then do; "highest" keeps fp32 accuracy.
+bool fp32_matmul_allows_tf32() {
+#if defined(ATTNRNN_TORCH_HAS_FLOAT32_PRECISION)
+  return at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
+         at::Float32Precision::TF32;
+#else
+  return at::globalContext().allowTF32CuBLAS();
+#endif
+}
 
 FeatureMap parse_feature_map(std::string_view name, const char* op) {
   if (name == "identity") return FeatureMap::kIdentity;
@@ -136,6 +149,7 @@ SequenceArgs sequence_args(const at::Tensor& q, const at::Tensor& k, const at::T
   p.feature_map = parse_feature_map(feature_map, op);
   p.normalize = normalize;
   p.chunk_size = chunk_size;
+  p.allow_tf32 = fp32_matmul_allows_tf32();
   return a;
 }
 

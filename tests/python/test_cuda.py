@@ -70,6 +70,52 @@ def test_padded_head_dims_meet_rules(ar, ref, case):
     check_all(ours, base, ref64, case.dtype)
 
 
+# fp32 on the mma.sync sweeps, TF32 tensor cores. At PyTorch's default float32 matmul precision
+# "highest" each product splits its operands into two TF32 parts (3xTF32) and meets fp32's rules; at
+# "high" the products read TF32 operands, as PyTorch's own fp32 matmuls then do (the baselines run
+# under the same setting), and R2 is fp16's bound (the same 10 mantissa bits). One-pass and split
+# sweeps (long sequences, few blocks), GQA, varlen, states, K != V, every feature map, both
+# normalize modes.
+fp32 = torch.float32
+FP32_CASES = [
+    Case(2, 300, 4, 64, fp32, initial_state=True, final_state=True),
+    Case(1, 257, 2, 128, fp32, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(2, 190, 4, 128, fp32, Hkv=2, feature_map="relu"),
+    Case(1, 333, 2, 64, fp32, V=128, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
+    Case(1, 300, 2, 128, fp32, Hkv=1, V=64, normalize=False),
+    Case(1, 4100, 2, 128, fp32, initial_state=True, final_state=True),
+    Case(1, 3000, 2, 64, fp32, feature_map="relu", normalize=False),
+]
+
+
+@pytest.fixture(params=["highest", "high"])
+def float32_matmul_precision(request):
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(request.param)
+    yield request.param
+    torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("case", FP32_CASES, ids=lambda c: c.id)
+def test_fp32_on_tensor_cores_meets_rules(ar, ref, case, float32_matmul_precision):
+    ours, base, ref64 = compute_all(ar, ref, "chunk", case, "cuda")
+    tf32 = float32_matmul_precision != "highest"
+    check_all(ours, base, ref64, case.dtype, r2_tol=R2_TOL[fp16] if tf32 else None)
+
+
+# fp32 runs every sweep on the mma.sync kernels, 3xTF32 at "highest" and TF32 at "high"; the weights
+# pass only with normalize.
+@pytest.mark.parametrize("normalize", [True, False], ids=["normalize", "unnormalized"])
+def test_fp32_runs_on_the_mma_sweeps(ar, float32_matmul_precision, normalize):
+    names = _kernels_of_a_forward_backward(ar, Case(1, 1000, 2, 128, fp32, normalize=normalize))
+    sweeps = {(int(m.group(1)), m.group(2)) for n in names
+              for m in [re.search(r"mma_scan_kernel<float, \(attnrnn::cuda::ScanRole\)(\d), 128, (true|false)>", n)]
+              if m}
+    split = "true" if float32_matmul_precision == "highest" else "false"
+    assert sweeps == {(r, split) for r in range(4)}, names
+    assert any("grad_weights_kernel<float" in n for n in names) == normalize, names
+
+
 # Backward shapes whose padded sweeps sit beside exact ones with three or four output tiles: dv at
 # K = 128 over V = 192 or 256 (on 64- or 128-token chunks), dq and dk at V = 64 or 128 over K = 192
 # or 256, dv at K = 64 over V = 192.
@@ -116,6 +162,7 @@ SAVED_SIZE_CASES = [
     Case(1, 150, 4, 48, bf16, Hkv=2, V=40),  # padded dims: w on sm_90a, nothing elsewhere
     Case(1, 150, 4, 44, bf16, Hkv=2, V=40),  # the generic kernels: nothing saved
     Case(1, 150, 4, 64, torch.float32),
+    Case(1, 5000, 2, 128, torch.float32, normalize=False),
 ]
 
 

@@ -1,5 +1,6 @@
 // Tensor-core building blocks: mma.sync m16n8k16 (bf16 or fp16 operands, fp32 accumulators),
-// ldmatrix fragment loads from row-major shared tiles, and cp.async copies.
+// ldmatrix fragment loads from row-major shared tiles, cp.async copies, and MmaStep: one 16-deep
+// step of a 16-row block's product in any operand type (bf16, fp16, or fp32 on TF32 mma).
 //
 // Fragment layout of m16n8k16 (g = lane / 4, t = lane % 4):
 //   A (16 x 16): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
@@ -56,6 +57,39 @@ __device__ __forceinline__ float2 unpack2(uint32_t x) {
     return __half22float2(*reinterpret_cast<const __half2*>(&x));
   }
 }
+
+// Two consecutive elements of a row, as loaded (Packed2: one word of a 16-bit T, a float2 of fp32),
+// as floats, and two floats stored rounded to T.
+template <class T>
+using Packed2 = std::conditional_t<sizeof(T) == 4, float2, uint32_t>;
+template <class T>
+__device__ __forceinline__ Packed2<T> load_packed2(const T* p) {
+  return *reinterpret_cast<const Packed2<T>*>(p);
+}
+template <class T>
+__device__ __forceinline__ float2 packed2_floats(Packed2<T> x) {
+  if constexpr (sizeof(T) == 4) {
+    return x;
+  } else {
+    return unpack2<T>(x);
+  }
+}
+template <class T>
+__device__ __forceinline__ float2 load2(const T* p) {
+  return packed2_floats<T>(load_packed2(p));
+}
+template <class T>
+__device__ __forceinline__ void store2(T* p, float x0, float x1) {
+  if constexpr (sizeof(T) == 4) {
+    *reinterpret_cast<float2*>(p) = make_float2(x0, x1);
+  } else {
+    *reinterpret_cast<uint32_t*>(p) = pack2<T>(x0, x1);
+  }
+}
+
+// Elements of T in the 16-byte pieces that cp.async moves and vector loads read.
+template <class T>
+constexpr int kPieceElems = 16 / static_cast<int>(sizeof(T));
 
 // relu of a packed pair of T, exactly x < 0 ? 0 : x of each (NaN and -0 kept): a lane mask of the
 // negatives, cleared.
@@ -130,5 +164,136 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+
+
+// ---- fp32 operands on TF32 tensor cores ----------------------------------------------------------
+// m16n8k8 tf32 (g = lane / 4, t = lane % 4), one element per register:
+//   A (16 x 8): a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4)
+//   B (8 x 8):  b0 = (k t, n g), b1 = (k t+4, n g);  C as in m16n8k16.
+// The scans number k inside each 8-wide slice so that position t is column 2t and t+4 is 2t+1: A
+// then holds the pairs (g, 2t..2t+1) that a C tile holds, so a product feeds the next mma as it
+// is (a_from_c), and rows of A and B are read as float2. Any order of k gives the same sum, as
+// long as A and B share it.
+
+// x rounded to TF32 (10 mantissa bits, to nearest, ties away), as the mma reads its operands.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ void mma1688_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ---- one k16 step of a 16-row block: C[16 x 8] += A[16 x 16] B[16 x 8] for each of two n-tiles ----
+// The chunk scans are written once against these operations; T is the operand type in shared
+// memory. bf16 / fp16: one m16n8k16 per n-tile, fragments through ldmatrix.
+template <class T, bool kTf32x3 = false>
+struct MmaStep {
+  struct A { uint32_t r[4]; };
+  struct B { uint32_t r[4]; };  // n-tile 0 in r[0..1], n-tile 1 in r[2..3]
+  // A at rows [m0, m0+16), k [k0, k0+16) of a row-major X[m][k], or of X^T from X[k][m]
+  static __device__ __forceinline__ void a_rows(A& a, const T* X, int ld, int m0, int k0, int lane) {
+    load_a<T>(a.r, X, ld, m0, k0, lane);
+  }
+  static __device__ __forceinline__ void a_columns(A& a, const T* X, int ld, int m0, int k0, int lane) {
+    load_a_trans<T>(a.r, X, ld, m0, k0, lane);
+  }
+  // B of the n-tiles [n0, n0+8), [n0+8, n0+16) at k [k0, k0+16): element (k, n) from X[n][k] or X[k][n]
+  static __device__ __forceinline__ void b_nk(B& b, const T* X, int ld, int n0, int k0, int lane) {
+    load_b_nk<T>(b.r, X, ld, n0, k0, lane);
+  }
+  static __device__ __forceinline__ void b_kn(B& b, const T* X, int ld, int n0, int k0, int lane) {
+    load_b_kn<T>(b.r, X, ld, n0, k0, lane);
+  }
+  // A from the accumulators of two n-tiles (k [0, 8) and [8, 16)): a product feeding the next mma
+  static __device__ __forceinline__ void a_from_c(A& a, const float (&c0)[4], const float (&c1)[4]) {
+    c_to_a<T>(a.r, c0, c1);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const A& a, const B& b, int n_tile) {
+    mma16816<T>(c, a.r, b.r[2 * n_tile], b.r[2 * n_tile + 1]);
+  }
+};
+
+// fp32: two m16n8k8 TF32 mmas per n-tile (one per 8-wide k slice). kTf32x3 keeps fp32 accuracy
+// ("3xTF32"): each operand x is split into big = tf32(x) and small = tf32(x - big), and
+// a b = big_a big_b + big_a small_b + small_a big_b (small_a small_b, ~2^-22 of the product, dropped).
+template <bool kTf32x3>
+struct MmaStep<float, kTf32x3> {
+  static constexpr int kParts = kTf32x3 ? 2 : 1;  // big, then small
+  struct A { uint32_t r[2][kParts][4]; };          // [k slice][part][register]
+  struct B { uint32_t r[2][2][kParts][2]; };       // [n-tile][k slice][part][register]
+
+  template <int N>
+  static __device__ __forceinline__ void split(uint32_t (&parts)[kParts][N], int i, float x) {
+    parts[0][i] = to_tf32(x);
+    if constexpr (kTf32x3) parts[1][i] = to_tf32(x - __uint_as_float(parts[0][i]));
+  }
+  // one k slice of A from its four elements (g, 2t), (g+8, 2t), (g, 2t+1), (g+8, 2t+1)
+  static __device__ __forceinline__ void set_a(A& a, int s, float top0, float bottom0, float top1, float bottom1) {
+    split(a.r[s], 0, top0);
+    split(a.r[s], 1, bottom0);
+    split(a.r[s], 2, top1);
+    split(a.r[s], 3, bottom1);
+  }
+  static __device__ __forceinline__ void a_rows(A& a, const float* X, int ld, int m0, int k0, int lane) {
+    const float* top = X + (m0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const float2 x = *reinterpret_cast<const float2*>(top + 8 * s);
+      const float2 y = *reinterpret_cast<const float2*>(top + 8 * ld + 8 * s);
+      set_a(a, s, x.x, y.x, x.y, y.y);
+    }
+  }
+  static __device__ __forceinline__ void a_columns(A& a, const float* X, int ld, int m0, int k0, int lane) {
+    const float* k_row = X + (k0 + 2 * (lane & 3)) * ld + m0 + (lane >> 2);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const float* r = k_row + 8 * s * ld;
+      set_a(a, s, r[0], r[8], r[ld], r[ld + 8]);
+    }
+  }
+  static __device__ __forceinline__ void b_nk(B& b, const float* X, int ld, int n0, int k0, int lane) {
+    const float* n_row = X + (n0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const float2 x = *reinterpret_cast<const float2*>(n_row + 8 * nt * ld + 8 * s);
+        split(b.r[nt][s], 0, x.x);
+        split(b.r[nt][s], 1, x.y);
+      }
+  }
+  static __device__ __forceinline__ void b_kn(B& b, const float* X, int ld, int n0, int k0, int lane) {
+    const float* k_row = X + (k0 + 2 * (lane & 3)) * ld + n0 + (lane >> 2);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const float* r = k_row + 8 * s * ld + 8 * nt;
+        split(b.r[nt][s], 0, r[0]);
+        split(b.r[nt][s], 1, r[ld]);
+      }
+  }
+  static __device__ __forceinline__ void a_from_c(A& a, const float (&c0)[4], const float (&c1)[4]) {
+    set_a(a, 0, c0[0], c0[2], c0[1], c0[3]);
+    set_a(a, 1, c1[0], c1[2], c1[1], c1[3]);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const A& a, const B& b, int n_tile) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      if constexpr (kTf32x3) {  // the small terms first: they are added to the smaller partial sums
+        mma1688_tf32(c, a.r[s][0], b.r[n_tile][s][1]);
+        mma1688_tf32(c, a.r[s][1], b.r[n_tile][s][0]);
+      }
+      mma1688_tf32(c, a.r[s][0], b.r[n_tile][s][0]);
+    }
+  }
+};
 
 }  // namespace attnrnn::cuda

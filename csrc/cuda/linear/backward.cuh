@@ -30,16 +30,19 @@ template <class T>
 Status launch_grad_weights(const ChunkPlan& plan, const ChunkArgs& p) {
   // padded value dims run as 64, 128 or 256 lanes' worth (padded_inner_dim), those past V adding zeros
   const int64_t V = padded_inner_dim(p.head_dim_v), rows = p.batch * p.seqlen * p.num_heads;
-  const int64_t rows_per_block = (kDdThreads / 32) * (32 / (V / 8)) * kDdUnroll;
+  const int64_t lanes = V * int64_t(sizeof(T)) / 16;  // grad_weights_lanes
+  const int64_t rows_per_block = (kDdThreads / 32) * (32 / lanes) * kDdUnroll;
   const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, int64_t(sm_count()) * 8);
   if (blocks == 0) return Status::kSuccess;
   const bool out16 = plan.out_rows_aligned16;
   auto kernel = V == 64 ? (out16 ? grad_weights_kernel<T, 64, true> : grad_weights_kernel<T, 64, false>)
                         : (out16 ? grad_weights_kernel<T, 128, true> : grad_weights_kernel<T, 128, false>);
-  if (p.head_dim_v != 64 && p.head_dim_v != 128)
-    kernel = V == 64    ? (out16 ? grad_weights_kernel<T, 64, true, true> : grad_weights_kernel<T, 64, false, true>)
-             : V == 128 ? (out16 ? grad_weights_kernel<T, 128, true, true> : grad_weights_kernel<T, 128, false, true>)
-                        : (out16 ? grad_weights_kernel<T, 256, true, true> : grad_weights_kernel<T, 256, false, true>);
+  if constexpr (sizeof(T) == 2) {  // padded value dims: bf16/fp16 only
+    if (p.head_dim_v != 64 && p.head_dim_v != 128)
+      kernel = V == 64    ? (out16 ? grad_weights_kernel<T, 64, true, true> : grad_weights_kernel<T, 64, false, true>)
+               : V == 128 ? (out16 ? grad_weights_kernel<T, 128, true, true> : grad_weights_kernel<T, 128, false, true>)
+                          : (out16 ? grad_weights_kernel<T, 256, true, true> : grad_weights_kernel<T, 256, false, true>);
+  }
   kernel<<<static_cast<unsigned>(blocks), kDdThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p);
   return check_launch("chunk_linear_attn backward (weights from the forward's denominators)");
 }
@@ -62,6 +65,19 @@ Status run_grad_kv_128(const Sweep& sweep, const ChunkArgs& p, const ScanFeature
   }
 }
 
+// dk and dv in one wgmma sweep (GradKv::kFused64, kFused128): bf16 and fp16 only.
+template <class T, bool WithNormalizer>
+Status run_fused_grad_kv(const ChunkPlan& plan, const ChunkArgs& p, const ScanFeatures& feat) {
+  if constexpr (std::is_same_v<T, float>) {
+    return fail(Status::kInvalidArgument, "chunk_linear_attn backward: fp32 has no fused dk + dv sweep");
+  } else if (plan.grad_kv == GradKv::kFused64) {
+    return run_wgmma_sweep<T, ScanRole::kGradKV, 64, WithNormalizer>(plan.dk, p, feat,
+                                                                      "chunk_linear_attn backward (dk, dv)");
+  } else {
+    return run_grad_kv_128<T, WithNormalizer>(plan.dv, p, feat);
+  }
+}
+
 template <class T, bool WithNormalizer>
 Status launch_tensor_core_sweeps(const ChunkPlan& plan, const ChunkArgs& p) {
   ScanFeatures feat;
@@ -74,10 +90,8 @@ Status launch_tensor_core_sweeps(const ChunkPlan& plan, const ChunkArgs& p) {
   if (s != Status::kSuccess) return s;
   switch (plan.grad_kv) {
     case GradKv::kFused64:
-      return run_wgmma_sweep<T, ScanRole::kGradKV, 64, WithNormalizer>(plan.dk, p, feat,
-                                                                        "chunk_linear_attn backward (dk, dv)");
     case GradKv::kFused128:
-      return run_grad_kv_128<T, WithNormalizer>(plan.dv, p, feat);
+      return run_fused_grad_kv<T, WithNormalizer>(plan, p, feat);
     case GradKv::kSharedFirstPass:  // dv first: its pass 1 writes dk's partials too
       s = run_planned_sweep<T, ScanRole::kGradV, WithNormalizer>(plan.dv, p, feat, "chunk_linear_attn backward (dv)");
       if (s != Status::kSuccess) return s;
@@ -103,21 +117,20 @@ Status launch_tensor_core_backward(const ChunkPlan& plan, const ChunkArgs& p) {
 // normalize mode, are instantiated once, with the normalized half.
 extern template Status launch_tensor_core_backward<__nv_bfloat16, false>(const ChunkPlan&, const ChunkArgs&);
 extern template Status launch_tensor_core_backward<__half, false>(const ChunkPlan&, const ChunkArgs&);
-#define ATTNRNN_MMA_BACKWARD_SWEEPS(PREFIX, T)                                                                      \
-  PREFIX template Status run_mma_sweep<T, ScanRole::kGradQ, 64>(const Sweep&, const ChunkArgs&, const ScanFeatures&,  \
-                                                                 const char*);                                       \
-  PREFIX template Status run_mma_sweep<T, ScanRole::kGradQ, 128>(const Sweep&, const ChunkArgs&, const ScanFeatures&, \
-                                                                  const char*);                                      \
-  PREFIX template Status run_mma_sweep<T, ScanRole::kGradK, 64>(const Sweep&, const ChunkArgs&, const ScanFeatures&,  \
-                                                                 const char*);                                       \
-  PREFIX template Status run_mma_sweep<T, ScanRole::kGradK, 128>(const Sweep&, const ChunkArgs&, const ScanFeatures&, \
-                                                                  const char*);                                      \
-  PREFIX template Status run_mma_sweep<T, ScanRole::kGradV, 64>(const Sweep&, const ChunkArgs&, const ScanFeatures&,  \
-                                                                 const char*);                                       \
-  PREFIX template Status run_mma_sweep<T, ScanRole::kGradV, 128>(const Sweep&, const ChunkArgs&, const ScanFeatures&, \
-                                                                  const char*);
-ATTNRNN_MMA_BACKWARD_SWEEPS(extern, __nv_bfloat16)
-ATTNRNN_MMA_BACKWARD_SWEEPS(extern, __half)
+// The mma.sync backward sweeps of operand type T (kTf32x3: fp32's exact variant), instantiated apart.
+#define ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, R, DI, X3) \
+  PREFIX template Status run_mma_sweep<T, R, DI, X3>(const Sweep&, const ChunkArgs&, const ScanFeatures&, const char*);
+#define ATTNRNN_MMA_BACKWARD_SWEEPS(PREFIX, T, X3)                   \
+  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradQ, 64, X3)  \
+  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradQ, 128, X3) \
+  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradK, 64, X3)  \
+  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradK, 128, X3) \
+  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradV, 64, X3)  \
+  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradV, 128, X3)
+ATTNRNN_MMA_BACKWARD_SWEEPS(extern, __nv_bfloat16, false)
+ATTNRNN_MMA_BACKWARD_SWEEPS(extern, __half, false)
+ATTNRNN_MMA_BACKWARD_SWEEPS(extern, float, false)
+ATTNRNN_MMA_BACKWARD_SWEEPS(extern, float, true)
 
 template <class T>
 Status launch_generic_backward(const ChunkPlan& plan, const ChunkArgs& p) {
@@ -153,7 +166,7 @@ extern template Status launch_generic_backward<__half>(const ChunkPlan&, const C
 template <class T>
 Status launch_chunk_bwd(const ChunkPlan& plan, const ChunkArgs& p) {
   if (num_states(p) == 0) return Status::kSuccess;
-  if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half> || std::is_same_v<T, float>) {
     if (plan.tensor_cores)
       return p.normalize ? launch_tensor_core_backward<T, true>(plan, p) : launch_tensor_core_backward<T, false>(plan, p);
   }

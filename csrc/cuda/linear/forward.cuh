@@ -47,7 +47,7 @@ Status launch_generic_forward(const ChunkPlan& plan, const ChunkArgs& p) {
 template <class T>
 Status launch_chunk_fwd(const ChunkPlan& plan, const ChunkArgs& p) {
   if (num_states(p) == 0) return Status::kSuccess;
-  if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half> || std::is_same_v<T, float>) {
     if (plan.tensor_cores) return launch_tensor_core_forward<T>(plan, p);
   }
   return launch_generic_forward<T>(plan, p);

@@ -3,9 +3,9 @@
 //   w_t  = scale / den_t             (as the forward saved it)
 //   dd_t = -(dout_t . o_t) w_t       the denominator's gradient, scaled as the sweeps expect
 // into the workspace arrays the dq, dk and dv sweeps read (BwdWorkspace). Rows are independent, so
-// this is one pass over dout and o, bound by memory: a warp takes kDdUnroll x 32 / (V / 8)
-// consecutive rows at a time (across tokens when H is small), V / 8 lanes per row with 16 bytes
-// each, every load of the pass (and its w) issued before any sum, so that enough bytes are in
+// this is one pass over dout and o, bound by memory: a warp takes kDdUnroll x 32 / kLanes
+// consecutive rows at a time (across tokens when H is small), kLanes lanes per row with 16 bytes
+// each (8 bf16/fp16 or 4 fp32 elements), every load of the pass (and its w) issued before any sum, so that enough bytes are in
 // flight per SM to cover DRAM latency (a warp per row with 4-byte loads left it latency bound).
 #pragma once
 
@@ -16,10 +16,16 @@ namespace attnrnn::cuda {
 
 constexpr int kDdThreads = 256, kDdUnroll = 4;
 
-// 8 consecutive elements of a row, packed: one 16-byte load, or four 4-byte ones where the row is
-// only 4-byte aligned (o may be a view; dout is 16-byte aligned on the tensor-core backward).
+// Lanes per row of V elements: one 16-byte piece each.
+template <class T, int V>
+constexpr int grad_weights_lanes() {
+  return V / kPieceElems<T>;
+}
+
+// A 16-byte piece of a row: one 16-byte load, or four 4-byte ones where the row is only aligned to
+// its pairs (o may be a view; dout is 16-byte aligned on the tensor-core backward).
 template <class T, bool kAligned16>
-__device__ __forceinline__ void load8(const T* from, uint32_t (&u)[4]) {
+__device__ __forceinline__ void load_piece(const T* from, uint32_t (&u)[4]) {
   if constexpr (kAligned16) {
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(from));
     u[0] = v.x, u[1] = v.y, u[2] = v.z, u[3] = v.w;
@@ -34,8 +40,8 @@ __device__ __forceinline__ void load8(const T* from, uint32_t (&u)[4]) {
 // add zeros.
 template <class T, int V, bool kOut16, bool kPadded = false>
 __global__ void __launch_bounds__(kDdThreads) grad_weights_kernel(const ChunkArgs p) {
-  constexpr int kLanes = V / 8, kRowsPerPass = 32 / kLanes * kDdUnroll;  // lanes per row; rows per pass
-  const int lane = threadIdx.x % 32, sub = lane / kLanes, col = (lane % kLanes) * 8;
+  constexpr int kLanes = grad_weights_lanes<T, V>(), kRowsPerPass = 32 / kLanes * kDdUnroll;  // per row; per pass
+  const int lane = threadIdx.x % 32, sub = lane / kLanes, col = (lane % kLanes) * kPieceElems<T>;
   const int64_t len = p.seqlen, H = p.num_heads, rows = p.batch * len * H;  // token_index order: (b, t, h)
   const int64_t warps = int64_t(gridDim.x) * (kDdThreads / 32);
   // Packed sequences cover the tokens [begin, end) contiguously; the forward wrote no w outside.
@@ -66,22 +72,26 @@ __global__ void __launch_bounds__(kDdThreads) grad_weights_kernel(const ChunkArg
       valid[u] = r0 + k < rows && t >= begin && t < end;
       w[u] = 0.f;
       if (valid[u] && (!kPadded || col < p.head_dim_v)) {
-        load8<T, true>(row<T>(p.dout, b, t, h) + col, d[u]);
-        load8<T, kOut16>(row<T>(p.out, b, t, h) + col, o[u]);
+        load_piece<T, true>(row<T>(p.dout, b, t, h) + col, d[u]);
+        load_piece<T, kOut16>(row<T>(p.out, b, t, h) + col, o[u]);
         if (col == 0) w[u] = __ldg(w_saved + r0 + k);
       } else {
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[u][e] = o[u][e] = 0u;
       }
     }
-    // ---- dout . o per row: 8 products per lane, then across the row's kLanes lanes ---------------
+    // ---- dout . o per row: a piece's products per lane, then across the row's kLanes lanes --------
 #pragma unroll
     for (int u = 0; u < kDdUnroll; ++u) {
       float dot = 0.f;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float2 dd2 = unpack2<T>(d[u][e]), o2 = unpack2<T>(o[u][e]);
-        dot += dd2.x * o2.x + dd2.y * o2.y;
+        if constexpr (sizeof(T) == 4) {
+          dot += __uint_as_float(d[u][e]) * __uint_as_float(o[u][e]);
+        } else {
+          const float2 dd2 = unpack2<T>(d[u][e]), o2 = unpack2<T>(o[u][e]);
+          dot += dd2.x * o2.x + dd2.y * o2.y;
+        }
       }
 #pragma unroll
       for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);

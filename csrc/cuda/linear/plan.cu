@@ -35,11 +35,18 @@ bool aligned16(const ConstView& x) {
   return reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && x.stride_b % 8 == 0 && x.stride_t % 8 == 0 &&
          x.stride_h % 8 == 0;
 }
-bool aligned4_pairs(const void* data, int64_t stride_b, int64_t stride_t, int64_t stride_h) {
-  return reinterpret_cast<uintptr_t>(data) % 4 == 0 && stride_b % 2 == 0 && stride_t % 2 == 0 && stride_h % 2 == 0;
+// Pairs of elements of `elem` bytes that start aligned to their size (one 4- or 8-byte store).
+bool aligned_pairs(const void* data, int64_t stride_b, int64_t stride_t, int64_t stride_h, int64_t elem) {
+  return reinterpret_cast<uintptr_t>(data) % (2 * elem) == 0 && stride_b % 2 == 0 && stride_t % 2 == 0 &&
+         stride_h % 2 == 0;
 }
-bool aligned4_pairs(const MutView& x) { return aligned4_pairs(x.data, x.stride_b, x.stride_t, x.stride_h); }
-bool aligned4_pairs(const ConstView& x) { return aligned4_pairs(x.data, x.stride_b, x.stride_t, x.stride_h); }
+bool aligned_pairs(const MutView& x, int64_t elem) {
+  return aligned_pairs(x.data, x.stride_b, x.stride_t, x.stride_h, elem);
+}
+bool aligned_pairs(const ConstView& x, int64_t elem) {
+  return aligned_pairs(x.data, x.stride_b, x.stride_t, x.stride_h, elem);
+}
+int64_t element_bytes(const LinearAttnFwdParams& p) { return p.dtype == DType::kFloat32 ? 4 : 2; }
 
 bool dim_64_or_128(int64_t d) { return d == 64 || d == 128; }
 
@@ -53,21 +60,25 @@ bool padded_dims(const LinearAttnFwdParams& p, bool backward) {
   return cuda::padded_dims(p.head_dim_k, p.head_dim_v, backward);
 }
 
+bool fp32(const LinearAttnFwdParams& p) { return p.dtype == DType::kFloat32; }
+
 // The shapes the tensor-core sweeps take (bf16/fp16, 64-token chunks, exact dims on every device and
-// padded ones where wgmma runs), pointers aside: what the saved layout depends on.
+// padded ones where wgmma runs; fp32 exact dims on the mma.sync sweeps), pointers aside: what the
+// saved layout depends on.
 bool tensor_core_shape(const LinearAttnFwdParams& p, bool recurrent, bool backward, bool wgmma) {
-  const bool dtype = p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16;
+  const bool dtype = p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16 || fp32(p);
   const bool chunk = !recurrent && (p.chunk_size == 0 || p.chunk_size == kChunk);
-  const bool dims = exact_dims(p, backward) || (wgmma && padded_dims(p, backward));
+  const bool dims = exact_dims(p, backward) || (wgmma && !fp32(p) && padded_dims(p, backward));
   return dtype && chunk && dims;
 }
-// ... and their rows: 16-byte aligned inputs (cp.async), 4-byte aligned pairs of outputs.
+// ... and their rows: 16-byte aligned inputs (cp.async), outputs in pairs aligned to their size.
 bool tensor_core_rows(const LinearAttnFwdParams& p) {
-  return aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned4_pairs(p.o);
+  return aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned_pairs(p.o, element_bytes(p));
 }
 bool tensor_core_rows(const LinearAttnBwdParams& p) {
-  return aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.dout) && aligned4_pairs(p.dq) &&
-         aligned4_pairs(p.dk) && aligned4_pairs(p.dv) && (!p.normalize || aligned4_pairs(p.out));
+  const int64_t e = element_bytes(p);
+  return aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.dout) && aligned_pairs(p.dq, e) &&
+         aligned_pairs(p.dk, e) && aligned_pairs(p.dv, e) && (!p.normalize || aligned_pairs(p.out, e));
 }
 
 // The roles' output columns and the blocks of their sweeps, (sequence, output tile, kv head).
@@ -88,8 +99,10 @@ struct Rules {
   int segments(int64_t blocks, int per_sm) const {
     return split_segments(blocks, per_sm, p.seqlen, device.sm_count, forced.segments);
   }
-  // the device runs wgmma and the test override leaves it (the dims it takes: tensor_core_shape)
-  bool wgmma_device() const { return device.wgmma && !forced.mma_sync; }
+  // the device runs wgmma and the test override leaves it (the dims it takes: tensor_core_shape);
+  // fp32 runs on mma.sync everywhere (TF32 wgmma reads only K-major tiles, which the sweeps' products
+  // do not all have)
+  bool wgmma_device() const { return device.wgmma && !forced.mma_sync && !fp32(p); }
   bool wgmma(bool backward) const {
     return wgmma_device() && (exact_dims(p, backward) || padded_dims(p, backward));
   }
@@ -112,11 +125,20 @@ struct Rules {
     return pairs_sweep(forward, p.normalize, p.dtype == DType::kBFloat16, wgmma_blocks(r), wgmma_segments(r),
                        device.sm_count);
   }
+  // the mma.sync tiles of inner dim `inner` (tiles.h): columns per block, blocks per SM, partial floats
+  struct MmaTile {
+    int64_t columns, per_sm, partial_floats;
+  };
+  template <int DI>
+  static MmaTile mma_tile_of(bool fp32_operands) {
+    return fp32_operands ? MmaTile{MmaTiles<DI, true>::columns, MmaTiles<DI, true>::blocks_per_sm,
+                                   MmaTiles<DI, true>::partial_floats}
+                         : MmaTile{MmaTiles<DI>::columns, MmaTiles<DI>::blocks_per_sm, MmaTiles<DI>::partial_floats};
+  }
+  MmaTile mma_tile(int64_t inner) const { return inner == 64 ? mma_tile_of<64>(fp32(p)) : mma_tile_of<128>(fp32(p)); }
   int mma_segments(Role r) const {
-    const int64_t inner = inner_dim(p, r);
-    const int64_t columns = inner == 64 ? MmaTiles<64>::columns : MmaTiles<128>::columns;
-    const int per_sm = inner == 64 ? MmaTiles<64>::blocks_per_sm : MmaTiles<128>::blocks_per_sm;
-    return segments(kv_blocks() * (output_dim(p, r) / columns), per_sm);
+    const MmaTile t = mma_tile(inner_dim(p, r));
+    return segments(kv_blocks() * (output_dim(p, r) / t.columns), static_cast<int>(t.per_sm));
   }
 
   // A sweep of role r on the kernel the rules give it; first_pass and partials are filled by the caller.
@@ -144,9 +166,8 @@ struct Rules {
   int64_t partial_floats(Role r, const Sweep& s) const {
     if (s.segments <= 1) return 0;
     if (s.kernel == SweepKernel::kMma) {
-      const int64_t columns = s.inner == 64 ? MmaTiles<64>::columns : MmaTiles<128>::columns;
-      const int64_t floats = s.inner == 64 ? MmaTiles<64>::partial_floats : MmaTiles<128>::partial_floats;
-      return s.segments * kv_blocks() * (output_dim(p, r) / columns) * floats;
+      const MmaTile t = mma_tile(s.inner);
+      return s.segments * kv_blocks() * (output_dim(p, r) / t.columns) * t.partial_floats;
     }
     const int64_t floats = s.inner == 64    ? WgmmaTiles<64>::partial_floats
                            : s.inner == 128 ? WgmmaTiles<128>::partial_floats
@@ -185,7 +206,7 @@ struct Rules {
 
   // phi(q), phi(k) of the feature pass at the workspace's end, from `at`.
   void feature_rows(ChunkPlan& plan, int64_t at) const {
-    const int64_t elem = 2;  // bf16/fp16: the tensor-core dtypes
+    const int64_t elem = element_bytes(p);
     const int64_t rows = p.batch * p.seqlen * p.head_dim_k;
     plan.phi_q = at;
     plan.phi_k = at + round256(rows * p.num_heads * elem);

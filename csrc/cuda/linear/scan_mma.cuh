@@ -29,11 +29,12 @@
 
 namespace attnrnn::cuda {
 
-template <class T, ScanRole R, int DI>
-__global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
+template <class T, ScanRole R, int DI, bool kTf32x3 = false>
+__global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
     mma_scan_kernel(const ChunkArgs p, const SegmentSplit split, const ScanFeatures feat) {
   using Info = RoleInfo<R>;
-  using L = MmaLayout<DI>;
+  using L = MmaLayout<T, DI>;
+  using M = MmaStep<T, kTf32x3>;
   constexpr int NS = L::NS, KT = DI / 64, C = kChunk, NC = L::NC, NT = NC / 8, NP = NC / 16;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   T* st = reinterpret_cast<T*>(smem_bytes);
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
   // blockIdx.x = (n * segments + seg) * tiles + tile: the tiles of one (sequence, segment) are
   // neighbours, so the q/k rows they all read come from L2 after the first.
-  const int tiles = tc_tiles<R, DI>(p), tile = blockIdx.x % tiles;
+  const int tiles = tc_tiles<T, R, DI>(p), tile = blockIdx.x % tiles;
   const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
   const int seg = (blockIdx.x / tiles) % split.segments;
   const int c0 = tile * NC;
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
     return Info::transposed ? (state_row * K + c0 + c) * V + d : (state_row * K + d) * V + c0 + c;
   };
   // Pass-1 partial of segment j of this block's (sequence, tile, kv head): S as [d][c], then z.
-  auto partial_at = [&](int j) { return split.partial_at(j, n, g, Hkv, tiles, tile, tc_partial_floats<DI>()); };
+  auto partial_at = [&](int j) { return split.partial_at(j, n, g, Hkv, tiles, tile, tc_partial_floats<T, DI>()); };
   const int earlier = split.state_only ? 0 : seg;  // partials that precede this segment
   // f(x, d, c) for every state element x = S[d][c] this thread holds.
   float S[KT][NT][4];
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
     }
   }
 
-  // S split into hi + lo parts, row-major [d][c], for the tensor-core product A S.
+  // S row-major [d][c] for the tensor-core product A S: hi + lo parts of a 16-bit T, else whole.
   auto publish_state = [&]() {
 #pragma unroll
     for (int mi = 0; mi < KT; ++mi)
@@ -104,10 +105,14 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
         for (int h = 0; h < 2; ++h) {
           const int d = warp * (DI / 4) + mi * 16 + gr + 8 * h, c = ni * 8 + t2;
           const float x0 = S[mi][ni][2 * h], x1 = S[mi][ni][2 * h + 1];
-          const uint32_t hi = pack2<T>(x0, x1);
-          const float2 back = unpack2<T>(hi);
-          *reinterpret_cast<uint32_t*>(Sh + d * L::LC + c) = hi;
-          *reinterpret_cast<uint32_t*>(Sl + d * L::LC + c) = pack2<T>(x0 - back.x, x1 - back.y);
+          if constexpr (L::state_parts == 2) {
+            const uint32_t hi = pack2<T>(x0, x1);
+            const float2 back = unpack2<T>(hi);
+            *reinterpret_cast<uint32_t*>(Sh + d * L::LC + c) = hi;
+            *reinterpret_cast<uint32_t*>(Sl + d * L::LC + c) = pack2<T>(x0 - back.x, x1 - back.y);
+          } else {
+            store2<T>(Sh + d * L::LC + c, x0, x1);
+          }
         }
   };
   publish_state();
@@ -132,8 +137,8 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
   // A thread copies the same column piece e of every (128 / pieces)-th row: one row address per tile.
   auto load_tile = [&](T* dst, int ld, Operand src, int width, int col0, const Step& s) {
     const ConstView& view = tc_view(p, feat, src);
-    const int pieces = width / 8, rows_per_pass = kScanThreads / pieces;
-    const int t_first = tid / pieces, e = (tid % pieces) * 8;
+    const int pieces = width / kPieceElems<T>, rows_per_pass = kScanThreads / pieces;
+    const int t_first = tid / pieces, e = (tid % pieces) * kPieceElems<T>;
     const T* from = row<T>(view, seq.b, s.t0 + t_first, per_query_head(src) ? s.h : g) + col0 + e;
     const int64_t jump = rows_per_pass * view.stride_t;
     const T* fallback = static_cast<const T*>(view.data);
@@ -163,7 +168,7 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
     const T* arow = As + (r0 + gr + 8 * r) * L::LI;
     float acc = rowsum;
     for (int d = t2; d < DI; d += 8) {
-      const float2 a2 = unpack2<T>(*reinterpret_cast<const uint32_t*>(arow + d));
+      const float2 a2 = load2<T>(arow + d);
       acc += a2.x * z[d] + a2.y * z[d + 1];
     }
     acc += __shfl_xor_sync(0xffffffffu, acc, 1);
@@ -206,15 +211,15 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
         for (int e = 0; e < 4; ++e) P[ni][e] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < DI; kk += 16) {
-        uint32_t a[4];
-        load_a(a, As, L::LI, r0, kk, lane);
+        typename M::A a;
+        M::a_rows(a, As, L::LI, r0, kk, lane);
 #pragma unroll
         for (int pr = 0; pr < 4; ++pr) {
           if (!needed(pr)) continue;
-          uint32_t b[4];
-          load_b_nk(b, Bs, L::LI, 16 * pr, kk, lane);
-          mma16816<T>(P[2 * pr], a, b[0], b[1]);
-          mma16816<T>(P[2 * pr + 1], a, b[2], b[3]);
+          typename M::B b;
+          M::b_nk(b, Bs, L::LI, 16 * pr, kk, lane);
+          M::mma(P[2 * pr], a, b, 0);
+          M::mma(P[2 * pr + 1], a, b, 1);
         }
       }
       // Only the diagonal 16 x 16 block (n-tiles 2 warp, 2 warp + 1) is cut by the mask; the
@@ -252,16 +257,16 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
       if (!Info::group_sum || s.first) {
 #pragma unroll
         for (int kk = 0; kk < DI; kk += 16) {
-          uint32_t a[4];
-          load_a(a, As, L::LI, r0, kk, lane);
+          typename M::A a;
+          M::a_rows(a, As, L::LI, r0, kk, lane);
 #pragma unroll
-          for (int part = 0; part < 2; ++part)  // hi, then lo: NT accumulators apart
+          for (int part = 0; part < L::state_parts; ++part)  // hi, then lo
 #pragma unroll
             for (int pr = 0; pr < NP; ++pr) {
-              uint32_t b[4];
-              load_b_kn(b, part == 0 ? Sh : Sl, L::LC, 16 * pr, kk, lane);
-              mma16816<T>(O[2 * pr], a, b[0], b[1]);
-              mma16816<T>(O[2 * pr + 1], a, b[2], b[3]);
+              typename M::B b;
+              M::b_kn(b, part == 0 ? Sh : Sl, L::LC, 16 * pr, kk, lane);
+              M::mma(O[2 * pr], a, b, 0);
+              M::mma(O[2 * pr + 1], a, b, 1);
             }
         }
         if constexpr (R == ScanRole::kGradQ || R == ScanRole::kGradK) {
@@ -280,14 +285,14 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (!needed(j)) continue;
-        uint32_t a[4];
-        c_to_a<T>(a, P[2 * j], P[2 * j + 1]);
+        typename M::A a;
+        M::a_from_c(a, P[2 * j], P[2 * j + 1]);
 #pragma unroll
         for (int pr = 0; pr < NP; ++pr) {
-          uint32_t b[4];
-          load_b_kn(b, Cs, L::LC, 16 * pr, 16 * j, lane);
-          mma16816<T>(O[2 * pr], a, b[0], b[1]);
-          mma16816<T>(O[2 * pr + 1], a, b[2], b[3]);
+          typename M::B b;
+          M::b_kn(b, Cs, L::LC, 16 * pr, 16 * j, lane);
+          M::mma(O[2 * pr], a, b, 0);
+          M::mma(O[2 * pr + 1], a, b, 1);
         }
       }
 
@@ -312,12 +317,12 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
           T* orow = row<T>(out, seq.b, s.t0 + t, out_head) + c0;
           // phi' of the row's phi(x) elements (dphi_rows), all loaded before its first store (as
           // in wg_write_rows: a load behind each store cost a memory latency per element pair)
-          uint32_t raw2[NT];
+          Packed2<T> raw2[NT];
           if (dphi_of) {
             const ConstView phi_rows = R == ScanRole::kGradQ ? dphi_rows(feat.q, p.q) : dphi_rows(feat.k, p.k);
             const T* raw = row<T>(phi_rows, seq.b, s.t0 + t, out_head) + c0;
 #pragma unroll
-            for (int ni = 0; ni < NT; ++ni) raw2[ni] = *reinterpret_cast<const uint32_t*>(raw + ni * 8 + t2);
+            for (int ni = 0; ni < NT; ++ni) raw2[ni] = load_packed2(raw + ni * 8 + t2);
           }
 #pragma unroll
           for (int ni = 0; ni < NT; ++ni) {
@@ -327,12 +332,12 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
               x1 *= inv[r];
             }
             if (dphi_of) {
-              const float2 q2 = unpack2<T>(raw2[ni]);
+              const float2 q2 = packed2_floats<T>(raw2[ni]);
               x0 *= dphi_of_phi(p.feature_map, q2.x);
               x1 *= dphi_of_phi(p.feature_map, q2.y);
             }
             finite = fmaf(x1, 0.f, fmaf(x0, 0.f, finite));
-            *reinterpret_cast<uint32_t*>(orow + ni * 8 + t2) = pack2<T>(x0, x1);
+            store2<T>(orow + ni * 8 + t2, x0, x1);
           }
         }
         nonfinite |= finite != 0.f;
@@ -347,14 +352,14 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<DI>::min_blocks)
         const int m0 = warp * (DI / 4) + mi * 16;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          uint32_t a[4];
-          load_a_trans(a, Bs, L::LI, m0, 16 * j, lane);
+          typename M::A a;
+          M::a_columns(a, Bs, L::LI, m0, 16 * j, lane);
 #pragma unroll
           for (int pr = 0; pr < NP; ++pr) {
-            uint32_t b[4];
-            load_b_kn(b, Cs, L::LC, 16 * pr, 16 * j, lane);
-            mma16816<T>(S[mi][2 * pr], a, b[0], b[1]);
-            mma16816<T>(S[mi][2 * pr + 1], a, b[2], b[3]);
+            typename M::B b;
+            M::b_kn(b, Cs, L::LC, 16 * pr, 16 * j, lane);
+            M::mma(S[mi][2 * pr], a, b, 0);
+            M::mma(S[mi][2 * pr + 1], a, b, 1);
           }
         }
       }

@@ -37,24 +37,32 @@ struct RoleInfo {
   static constexpr bool group_sum = reverse;
 };
 
-// Shared memory of one block (element offsets into the T region, then floats).
-template <int DI>
+// Shared memory of one block of the mma.sync scan with operands of type T (element offsets into the
+// T region, then floats).
+template <class T, int DI>
 struct MmaLayout {
-  static constexpr int NS = MmaTiles<DI>::stages;             // pipeline stages
-  static constexpr int min_blocks = MmaTiles<DI>::blocks_per_sm;
-  static constexpr int NC = MmaTiles<DI>::columns;            // output columns per block
-  static constexpr int LI = DI + 8, LC = NC + 8;          // row strides; +8 keeps ldmatrix conflict free
+  static constexpr bool fp32 = sizeof(T) == 4;
+  using Tiles = MmaTiles<DI, fp32>;
+  static constexpr int NS = Tiles::stages;             // pipeline stages
+  static constexpr int min_blocks = Tiles::blocks_per_sm;
+  static constexpr int NC = Tiles::columns;            // output columns per block
+  // Row strides. 16-bit: +8 keeps ldmatrix conflict free. fp32: rows read as float2 by 16 lanes want
+  // a stride of 8 words mod 32 (A, B), columns read one word per lane (Cv, S) 4 mod 16.
+  static constexpr int LI = DI + 8, LC = fp32 ? NC + 4 : NC + 8;
+  // The state as the product A S reads it: bf16/fp16 hi + lo parts (~16 mantissa bits); fp32 whole
+  // (MmaStep rounds or splits it as it does every fp32 operand).
+  static constexpr int state_parts = fp32 ? 1 : 2;
   static constexpr int A = 0;                         // [64][LI]  row operand
   static constexpr int B = A + kChunk * LI;         // [64][LI]  column operand
   static constexpr int C = B + kChunk * LI;         // [64][LC]  value operand
   static constexpr int stage = C + kChunk * LC;     // one pipeline stage (T elements)
-  static constexpr int Sh = NS * stage;               // [DI][LC]  state hi
-  static constexpr int Sl = Sh + DI * LC;             // [DI][LC]  state lo
-  static constexpr int t_elems = Sl + DI * LC;
+  static constexpr int Sh = NS * stage;               // [DI][LC]  state (hi)
+  static constexpr int Sl = Sh + DI * LC;             // [DI][LC]  state lo (16-bit T only)
+  static constexpr int t_elems = Sh + state_parts * DI * LC;
   // floats after the T region: per stage w[64], dd[64]; then z[max(DI, 64)]
   static constexpr int w = 0, dd = kChunk, f_stage = 2 * kChunk, z = NS * f_stage;
   static constexpr int f_elems = z + (DI > NC ? DI : NC);
-  static constexpr int64_t bytes(int t_size) { return int64_t(t_elems) * t_size + int64_t(f_elems) * 4; }
+  static constexpr int64_t bytes = int64_t(t_elems) * sizeof(T) + int64_t(f_elems) * 4;
 };
 
 // A feature map's phi(q) and phi(k), in one of two ways (neither with the identity map; plan.h's
@@ -121,15 +129,15 @@ struct SegmentSplit {
 };
 
 // Output column tiles of a sweep of the mma.sync scan.
-template <ScanRole R, int DI>
+template <class T, ScanRole R, int DI>
 __host__ __device__ inline int tc_tiles(const LinearAttnFwdParams& p) {
   const int64_t out = R == ScanRole::kGradQ || R == ScanRole::kGradK ? p.head_dim_k : p.head_dim_v;
-  return static_cast<int>(out / MmaLayout<DI>::NC);
+  return static_cast<int>(out / MmaLayout<T, DI>::NC);
 }
 
-template <int DI>
+template <class T, int DI>
 constexpr int64_t tc_partial_floats() {
-  return MmaTiles<DI>::partial_floats;
+  return MmaLayout<T, DI>::Tiles::partial_floats;
 }
 
 // The state a sweep block starts from: S0 (or zeros; S0 is null in pass 1 of a split), plus the pass-1

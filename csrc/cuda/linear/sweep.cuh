@@ -2,6 +2,8 @@
 // pass 2; and the buffers of the plan resolved to pointers. Shared by forward.cuh and backward.cuh.
 #pragma once
 
+#include <type_traits>
+
 #include "features.cuh"
 #include "plan.h"
 #include "scan_mma.cuh"
@@ -117,10 +119,10 @@ Status check_normalize_mode(const ChunkArgs& p, const char* what) {
               int(WithNormalizer), int(p.normalize));
 }
 
-template <class T, ScanRole R, int DI>
+template <class T, ScanRole R, int DI, bool kTf32x3 = false>
 Status run_mma_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
-  return run_sweep(mma_scan_kernel<T, R, DI>, MmaLayout<DI>::bytes(sizeof(T)), kScanThreads, kChunk, p, sweep,
-                   tc_tiles<R, DI>(p), feat, what, NoStateKernel{});
+  return run_sweep(mma_scan_kernel<T, R, DI, kTf32x3>, MmaLayout<T, DI>::bytes, kScanThreads, kChunk, p, sweep,
+                   tc_tiles<T, R, DI>(p), feat, what, NoStateKernel{});
 }
 
 template <class T, ScanRole R, int DI, bool WithNormalizer, bool kPadded = false>
@@ -172,24 +174,39 @@ Status run_wgmma_pair_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFe
                    StateKernelPass<T, R, DI, WgmmaPairTiles::blocks_per_sm, WithNormalizer>{p, feat, L::chunk, what});
 }
 
+// An fp32 sweep (always mma.sync): TF32 operands where the call allows them, else 3xTF32.
+template <ScanRole R>
+Status run_fp32_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
+  if (sweep.kernel != SweepKernel::kMma) return fail(Status::kInvalidArgument, "%s: fp32 runs on mma.sync only", what);
+  if (p.allow_tf32)
+    return sweep.inner == 64 ? run_mma_sweep<float, R, 64, false>(sweep, p, feat, what)
+                             : run_mma_sweep<float, R, 128, false>(sweep, p, feat, what);
+  return sweep.inner == 64 ? run_mma_sweep<float, R, 64, true>(sweep, p, feat, what)
+                           : run_mma_sweep<float, R, 128, true>(sweep, p, feat, what);
+}
+
 // The sweep of role R (not the fused dk + dv) on the kernel and inner dim its plan names.
 template <class T, ScanRole R, bool WithNormalizer>
 Status run_planned_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
-  switch (sweep.kernel) {
-    case SweepKernel::kMma:
-      return sweep.inner == 64 ? run_mma_sweep<T, R, 64>(sweep, p, feat, what)
-                               : run_mma_sweep<T, R, 128>(sweep, p, feat, what);
-    case SweepKernel::kWgmma:
-      if (sweep.padded)
-        return sweep.inner == 64    ? run_padded_wgmma_sweep<T, R, 64, WithNormalizer>(sweep, p, feat, what)
-               : sweep.inner == 128 ? run_padded_wgmma_sweep<T, R, 128, WithNormalizer>(sweep, p, feat, what)
-                                    : run_padded_wgmma_sweep<T, R, 256, WithNormalizer>(sweep, p, feat, what);
-      return sweep.inner == 64 ? run_wgmma_sweep<T, R, 64, WithNormalizer>(sweep, p, feat, what)
-                               : run_wgmma_sweep<T, R, 128, WithNormalizer>(sweep, p, feat, what);
-    case SweepKernel::kWgmmaPair:
-      return run_wgmma_pair_sweep<T, R, WithNormalizer>(sweep, p, feat, what);
+  if constexpr (std::is_same_v<T, float>) {
+    return run_fp32_sweep<R>(sweep, p, feat, what);
+  } else {
+    switch (sweep.kernel) {
+      case SweepKernel::kMma:
+        return sweep.inner == 64 ? run_mma_sweep<T, R, 64>(sweep, p, feat, what)
+                                 : run_mma_sweep<T, R, 128>(sweep, p, feat, what);
+      case SweepKernel::kWgmma:
+        if (sweep.padded)
+          return sweep.inner == 64    ? run_padded_wgmma_sweep<T, R, 64, WithNormalizer>(sweep, p, feat, what)
+                 : sweep.inner == 128 ? run_padded_wgmma_sweep<T, R, 128, WithNormalizer>(sweep, p, feat, what)
+                                      : run_padded_wgmma_sweep<T, R, 256, WithNormalizer>(sweep, p, feat, what);
+        return sweep.inner == 64 ? run_wgmma_sweep<T, R, 64, WithNormalizer>(sweep, p, feat, what)
+                                 : run_wgmma_sweep<T, R, 128, WithNormalizer>(sweep, p, feat, what);
+      case SweepKernel::kWgmmaPair:
+        return run_wgmma_pair_sweep<T, R, WithNormalizer>(sweep, p, feat, what);
+    }
+    return fail(Status::kInvalidArgument, "%s: no such sweep kernel", what);
   }
-  return fail(Status::kInvalidArgument, "%s: no such sweep kernel", what);
 }
 
 }  // namespace attnrnn::cuda

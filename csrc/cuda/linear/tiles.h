@@ -21,10 +21,12 @@ constexpr int kScanThreads = 128;
 // - 3 blocks per SM at DI = 64 (73 KB, <= 168 registers), 2 at 128: ncu finds the scan latency bound
 //   (stall_wait on the mma chains 31-45%), and more resident warps hide it;
 // - 2 cp.async stages: 3 cost the third block per SM.
-template <int DI>
+// kFp32 (fp32 operands on TF32 mma): tiles of 4-byte elements, 32 columns at both inner dims, so that
+// two blocks still fit at DI = 64 (100 KiB each); DI = 128 takes 174 KiB, one block per SM.
+template <int DI, bool kFp32 = false>
 struct MmaTiles {
-  static constexpr int columns = DI == 128 ? 32 : 64;
-  static constexpr int blocks_per_sm = DI == 64 ? 3 : 2;
+  static constexpr int columns = DI == 128 || kFp32 ? 32 : 64;
+  static constexpr int blocks_per_sm = kFp32 ? (DI == 64 ? 2 : 1) : DI == 64 ? 3 : 2;
   static constexpr int stages = 2;
   // a block's pass-1 partial: S [DI][columns], then z on max(DI, columns)
   static constexpr int64_t partial_floats = DI * columns + (DI > columns ? DI : columns);
