@@ -1,4 +1,5 @@
-"""attnrnn's chunk_linear_attn against fla's chunk over the head-dim grid, bf16, in one process.
+"""attnrnn's chunk_linear_attn against fla's chunk over the head-dim grid in bf16, and in fp32 at
+PyTorch's float32 matmul precisions "highest" and "high", in one process.
 
     python -m bench.head_dims --fla .whl/fla_core-0.6.0-py3-none-any.whl \\
         --out bench/results/head_dims_h100.json
@@ -7,7 +8,8 @@ Per (K, V) at B4-T8192 (H16 for dims up to 128, H32 at 32, H8 past 128), normali
 forward and forward+backward medians of both, after one untimed call each (Triton autotuning), the
 speed-up over fla and the share of the memory floor: q, k, v read and o written forward; with the
 backward also q, k, v, do read and dq, dk, dv written (6K + 5V elements per (token, head)), at the
-device's copy rate.
+device's copy rate. fp32 rows (K = V = 64 and 128) run under each precision setting; fla's Triton
+kernels read fp32 operands as TF32 under both.
 """
 import argparse
 import json
@@ -25,12 +27,15 @@ from .timing import median_ms
 # (K, V, H): the square dims, a wide V and a narrow one
 GRID = [(32, 32, 32), (64, 64, 16), (96, 96, 16), (128, 128, 16), (192, 192, 8), (256, 256, 8), (64, 256, 8),
         (128, 64, 16)]
+# fp32: the head dims its tensor-core sweeps take, under each float32 matmul precision
+FP32_GRID = [(64, 64, 16), (128, 128, 16)]
+FP32_PRECISIONS = ["highest", "high"]
 B, T = 4, 8192
 
 
-def floor_bytes(K, V, H, mode):
+def floor_bytes(K, V, H, mode, element_bytes):
     per_token_head = 2 * K + 2 * V if mode == "fwd" else 6 * K + 5 * V
-    return B * T * H * per_token_head * 2  # bf16
+    return B * T * H * per_token_head * element_bytes
 
 
 def measure(op, q, k, v, do):
@@ -49,6 +54,42 @@ def measure(op, q, k, v, do):
     return fwd, median_ms(fwdbwd, "cuda")
 
 
+def measure_shape(K, V, H, dtype, precision, fla, bandwidth):
+    """The rows of one (K, V, H, dtype[, precision]): both normalize modes, forward and forward+backward."""
+    gen = torch.Generator().manual_seed(0)
+
+    def make(d):
+        return torch.randn(B, T, H, d, generator=gen).to("cuda", dtype)
+
+    q, k, v, do = make(K).sigmoid(), make(K).sigmoid(), make(V) * 0.5, make(V)
+    element_bytes = q.element_size()
+    name = "bf16" if dtype == torch.bfloat16 else f"fp32-{precision}"
+    rows = []
+    for normalize in (False, True):
+        impls = {"attnrnn": lambda a, b, c: attnrnn.chunk_linear_attn(a, b, c, normalize=normalize)[0],
+                 "fla_chunk": lambda a, b, c: fla["chunk"](a, b, c, normalize=normalize)[0]}
+        times = {}
+        for impl, op in impls.items():
+            try:
+                times[impl] = measure(op, q, k, v, do)
+            except Exception as e:  # one failing shape must not cost the run
+                print(f"  ERROR K{K}-V{V} {name} {impl}: {type(e).__name__}: {e}"[:400], file=sys.stderr)
+                times[impl] = (None, None)
+        for i, mode in enumerate(("fwd", "fwd+bwd")):
+            ours, theirs = times["attnrnn"][i], times["fla_chunk"][i]
+            floor_ms = floor_bytes(K, V, H, mode, element_bytes) / bandwidth * 1e3
+            row = dict(shape=f"B{B}-T{T}-H{H}-K{K}-V{V}", K=K, V=V, dtype=name, normalize=normalize, mode=mode,
+                       attnrnn_ms=ours, fla_chunk_ms=theirs, floor_ms=floor_ms,
+                       speedup=None if ours is None or theirs is None else theirs / ours,
+                       pct_of_floor=None if ours is None else 100 * floor_ms / ours)
+            rows.append(row)
+            f = lambda x, fmt: "-" if x is None else format(x, fmt)
+            print(f"{row['shape']:24s} {name:12s} {'norm' if normalize else 'unnorm':6s} {mode:7s} attnrnn "
+                  f"{f(ours, '8.3f')} ms  fla {f(theirs, '8.3f')} ms  {f(row['speedup'], '6.2f')}x  "
+                  f"{f(row['pct_of_floor'], '5.1f')}% of floor", flush=True)
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fla", default="auto", help="as python -m bench's --fla")
@@ -64,36 +105,15 @@ def main(argv=None):
     env = dict(environment("cuda", fla), copy_TBps=bandwidth / 1e12, command=command)  # environment() records --quick
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
-    for K, V, H in GRID:
-        gen = torch.Generator().manual_seed(0)
-
-        def make(d):
-            return torch.randn(B, T, H, d, generator=gen).to("cuda", torch.bfloat16)
-
-        q, k, v, do = make(K).sigmoid(), make(K).sigmoid(), make(V) * 0.5, make(V)
-        for normalize in (False, True):
-            impls = {"attnrnn": lambda a, b, c: attnrnn.chunk_linear_attn(a, b, c, normalize=normalize)[0],
-                     "fla_chunk": lambda a, b, c: fla["chunk"](a, b, c, normalize=normalize)[0]}
-            times = {}
-            for impl, op in impls.items():
-                try:
-                    times[impl] = measure(op, q, k, v, do)
-                except Exception as e:  # one failing shape must not cost the run
-                    print(f"  ERROR K{K}-V{V} {impl}: {type(e).__name__}: {e}"[:400], file=sys.stderr)
-                    times[impl] = (None, None)
-            for i, mode in enumerate(("fwd", "fwd+bwd")):
-                ours, theirs = times["attnrnn"][i], times["fla_chunk"][i]
-                floor_ms = floor_bytes(K, V, H, mode) / bandwidth * 1e3
-                row = dict(shape=f"B{B}-T{T}-H{H}-K{K}-V{V}", K=K, V=V, normalize=normalize, mode=mode,
-                           attnrnn_ms=ours, fla_chunk_ms=theirs, floor_ms=floor_ms,
-                           speedup=None if ours is None or theirs is None else theirs / ours,
-                           pct_of_floor=None if ours is None else 100 * floor_ms / ours)
-                rows.append(row)
-                f = lambda x, fmt: "-" if x is None else format(x, fmt)
-                print(f"{row['shape']:24s} {'norm' if normalize else 'unnorm':6s} {mode:7s} attnrnn "
-                      f"{f(ours, '8.3f')} ms  fla {f(theirs, '8.3f')} ms  {f(row['speedup'], '6.2f')}x  "
-                      f"{f(row['pct_of_floor'], '5.1f')}% of floor", flush=True)
-        del q, k, v, do
+    runs = [(K, V, H, torch.bfloat16, None) for K, V, H in GRID]
+    runs += [(K, V, H, torch.float32, precision) for precision in FP32_PRECISIONS for K, V, H in FP32_GRID]
+    before = torch.get_float32_matmul_precision()
+    for K, V, H, dtype, precision in runs:
+        torch.set_float32_matmul_precision(precision or before)
+        try:
+            rows += measure_shape(K, V, H, dtype, precision, fla, bandwidth)
+        finally:
+            torch.set_float32_matmul_precision(before)
         torch.cuda.empty_cache()
         Path(args.out).write_text(json.dumps({"env": dict(env, partial=True), "rows": rows}, indent=1))
     Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
