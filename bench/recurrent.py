@@ -1,0 +1,77 @@
+"""attnrnn's recurrent_linear_attn against fla's fused_recurrent_linear_attn, in one process, bf16.
+
+    python -m bench.recurrent --fla .whl/fla_core-0.6.0-py3-none-any.whl \\
+        --out bench/results/recurrent_h100.json
+
+Short sequences (T <= 64, where fla's LinearAttention layer calls fused_recurrent) and long ones, at
+H16 with D = 64 and 128, normalize on and off: forward and forward+backward medians of both, after
+one untimed call each (Triton autotuning), with attnrnn's chunk_linear_attn and fla's chunk beside
+them for scale. attnrnn's recurrent form computes in fp32 throughout (its products are not rounded to
+bf16, as the tensor-core chunk kernels' are).
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import attnrnn
+
+from . import baselines, timing
+from .__main__ import environment
+from .head_dims import measure
+
+# (B, T, H, D)
+SHAPES = [(4, 16, 16, 64), (4, 64, 16, 64), (4, 64, 16, 128), (32, 64, 16, 128), (4, 1024, 16, 128),
+          (4, 8192, 16, 128)]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fla", default="auto", help="as python -m bench's --fla")
+    parser.add_argument("--out", required=True, help="JSON path")
+    parser.add_argument("--quick", action="store_true", help="1 warm-up and 3 repeats per median")
+    args = parser.parse_args(argv)
+    timing.QUICK = args.quick
+    fla = baselines.load_fla(args.fla)
+    if fla is None:
+        parser.error("fla is not loaded: pass --fla with fla_core's wheel")
+    command = " ".join(["python -m bench.recurrent"] + (argv if argv is not None else sys.argv[1:]))
+    env = dict(environment("cuda", fla), command=command)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for B, T, H, D in SHAPES:
+        gen = torch.Generator().manual_seed(0)
+
+        def make():
+            return torch.randn(B, T, H, D, generator=gen).to("cuda", torch.bfloat16)
+
+        q, k, v, do = make().sigmoid(), make().sigmoid(), make() * 0.5, make()
+        for normalize in (False, True):
+            impls = {
+                "attnrnn_recurrent": lambda a, b, c: attnrnn.recurrent_linear_attn(a, b, c, normalize=normalize)[0],
+                "fla_fused_recurrent": lambda a, b, c: fla["fused_recurrent"](a, b, c, normalize=normalize)[0],
+                "attnrnn_chunk": lambda a, b, c: attnrnn.chunk_linear_attn(a, b, c, normalize=normalize)[0],
+                "fla_chunk": lambda a, b, c: fla["chunk"](a, b, c, normalize=normalize)[0],
+            }
+            for impl, op in impls.items():
+                try:
+                    fwd, fwdbwd = measure(op, q, k, v, do)
+                except Exception as e:  # one failing row must not cost the run
+                    print(f"  ERROR B{B}-T{T}-H{H}-D{D} {impl}: {type(e).__name__}: {e}"[:400], file=sys.stderr)
+                    fwd = fwdbwd = None
+                rows.append(dict(shape=f"B{B}-T{T}-H{H}-D{D}", normalize=normalize, impl=impl, fwd_ms=fwd,
+                                 fwdbwd_ms=fwdbwd))
+                f = lambda x: "       -" if x is None else f"{x:8.3f}"
+                print(f"B{B}-T{T}-H{H}-D{D:<4d} {'norm' if normalize else 'unnorm':6s} {impl:20s} fwd {f(fwd)} ms"
+                      f"  fwd+bwd {f(fwdbwd)} ms", flush=True)
+        del q, k, v, do
+        torch.cuda.empty_cache()
+        Path(args.out).write_text(json.dumps({"env": dict(env, partial=True), "rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    return 1 if any(r["fwd_ms"] is None for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
