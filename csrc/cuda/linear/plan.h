@@ -92,8 +92,7 @@ struct ChunkPlan {
   int64_t nonfinite_flags = -1;
 };
 
-// recurrent: the token-by-token form, on the generic kernels (fp32 math throughout, tiles.h's
-// GenericTiles chunk).
+// recurrent: the token-by-token form, chunks of one token on the generic kernels.
 ChunkPlan make_forward_plan(const LinearAttnFwdParams& p, bool recurrent, const DeviceInfo& device,
                             const testing::PlanOverride& forced);
 ChunkPlan make_backward_plan(const LinearAttnBwdParams& p, bool recurrent, const DeviceInfo& device,
