@@ -70,12 +70,11 @@ def test_padded_head_dims_meet_rules(ar, ref, case):
     check_all(ours, base, ref64, case.dtype)
 
 
-# fp32 on the mma.sync sweeps, TF32 tensor cores. At PyTorch's default float32 matmul precision
-# "highest" each product splits its operands into two TF32 parts (3xTF32) and meets fp32's rules; at
-# "high" the products read TF32 operands, as PyTorch's own fp32 matmuls then do (the baselines run
-# under the same setting), and R2 is fp16's bound (the same 10 mantissa bits). One-pass and split
-# sweeps (long sequences, few blocks), GQA, varlen, states, K != V, every feature map, both
-# normalize modes.
+# fp32 at PyTorch's float32 matmul precision "high": the mma.sync sweeps on TF32 tensor cores, their
+# products reading TF32 operands as PyTorch's own fp32 matmuls then do (the baselines run under the
+# same setting), R2 at fp16's bound (the same 10 mantissa bits). At "highest", the default, the same
+# cases run on the generic kernels and meet fp32's rules. One-pass and split sweeps (long sequences,
+# few blocks), GQA, varlen, states, K != V, every feature map, both normalize modes.
 fp32 = torch.float32
 FP32_CASES = [
     Case(2, 300, 4, 64, fp32, initial_state=True, final_state=True),
@@ -97,23 +96,23 @@ def float32_matmul_precision(request):
 
 
 @pytest.mark.parametrize("case", FP32_CASES, ids=lambda c: c.id)
-def test_fp32_on_tensor_cores_meets_rules(ar, ref, case, float32_matmul_precision):
+def test_fp32_meets_rules_at_each_matmul_precision(ar, ref, case, float32_matmul_precision):
     ours, base, ref64 = compute_all(ar, ref, "chunk", case, "cuda")
     tf32 = float32_matmul_precision != "highest"
     check_all(ours, base, ref64, case.dtype, r2_tol=R2_TOL[fp16] if tf32 else None)
 
 
-# fp32 runs every sweep on the mma.sync kernels, 3xTF32 at "highest" and TF32 at "high"; the weights
-# pass only with normalize.
+# fp32 runs every sweep on the mma.sync kernels where TF32 is allowed ("high"), with the weights pass
+# only with normalize, and on the generic kernels at "highest".
 @pytest.mark.parametrize("normalize", [True, False], ids=["normalize", "unnormalized"])
-def test_fp32_runs_on_the_mma_sweeps(ar, float32_matmul_precision, normalize):
+def test_fp32_runs_on_the_tensor_cores_only_where_tf32_is_allowed(ar, float32_matmul_precision, normalize):
     names = _kernels_of_a_forward_backward(ar, Case(1, 1000, 2, 128, fp32, normalize=normalize))
-    sweeps = {(int(m.group(1)), m.group(2)) for n in names
-              for m in [re.search(r"mma_scan_kernel<float, \(attnrnn::cuda::ScanRole\)(\d), 128, (true|false)>", n)]
-              if m}
-    split = "true" if float32_matmul_precision == "highest" else "false"
-    assert sweeps == {(r, split) for r in range(4)}, names
-    assert any("grad_weights_kernel<float" in n for n in names) == normalize, names
+    sweeps = _roles_of("mma_scan_kernel<float", names)
+    if float32_matmul_precision == "highest":
+        assert sweeps == set() and any("generic_forward_kernel<float>" in n for n in names), names
+    else:
+        assert sweeps == {0, 1, 2, 3}, names
+        assert any("grad_weights_kernel<float" in n for n in names) == normalize, names
 
 
 # Backward shapes whose padded sweeps sit beside exact ones with three or four output tiles: dv at
@@ -177,6 +176,18 @@ def test_saved_size_is_the_fake_kernels(ar, forced_plan, case, forced):
                                             "identity", case.normalize, False, 0, True)[3]
         expected = ar._ops.saved_bytes(inp["q"], inp["k"], inp["v"], cu, case.normalize, 0)
     assert saved.dtype == torch.uint8 and saved.numel() == expected
+
+
+# fp32 keeps w (normalize) where its sweeps run on the tensor cores, at "high" only.
+@pytest.mark.parametrize("normalize", [True, False], ids=["normalize", "unnormalized"])
+def test_fp32_saved_size_is_the_fake_kernels_at_each_matmul_precision(ar, float32_matmul_precision, normalize):
+    case = Case(1, 150, 4, 64, fp32, normalize=normalize)
+    inp = make_inputs(case, "cuda")
+    saved = torch.ops.attnrnn.chunk_fwd(inp["q"], inp["k"], inp["v"], None, None, None, case.K ** -0.5, 1e-6,
+                                        "identity", case.normalize, False, 0, True)[3]
+    expected = ar._ops.saved_bytes(inp["q"], inp["k"], inp["v"], None, case.normalize, 0)
+    tensor_cores = normalize and float32_matmul_precision == "high"
+    assert saved.numel() == expected == (-(-150 * 4 * 4 // 256) * 256 if tensor_cores else 0)
 
 
 def test_saved_states_are_kept_where_the_sweeps_split(ar):
