@@ -90,8 +90,10 @@ def measure_shape(K, V, H, dtype, precision, fla, bandwidth):
     return rows
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def against_fla(doc, module, argv):
+    """The command line of a script that times attnrnn against fla on the GPU (--fla, --out, --quick):
+    (out path, fla's functions, the run's environment with its command)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fla", default="auto", help="as python -m bench's --fla")
     parser.add_argument("--out", required=True, help="JSON path")
     parser.add_argument("--quick", action="store_true", help="1 warm-up and 3 repeats per median")
@@ -100,10 +102,15 @@ def main(argv=None):
     fla = baselines.load_fla(args.fla)
     if fla is None:
         parser.error("fla is not loaded: pass --fla with fla_core's wheel")
-    bandwidth = copy_bandwidth("cuda")
-    command = " ".join(["python -m bench.head_dims"] + (argv if argv is not None else sys.argv[1:]))
-    env = dict(environment("cuda", fla), copy_TBps=bandwidth / 1e12, command=command)  # environment() records --quick
+    command = " ".join([f"python -m {module}"] + (argv if argv is not None else sys.argv[1:]))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    return args.out, fla, dict(environment("cuda", fla), command=command)  # environment() records --quick
+
+
+def main(argv=None):
+    out, fla, env = against_fla(__doc__, "bench.head_dims", argv)
+    bandwidth = copy_bandwidth("cuda")
+    env["copy_TBps"] = bandwidth / 1e12
     rows = []
     runs = [(K, V, H, torch.bfloat16, None) for K, V, H in GRID]
     runs += [(K, V, H, torch.float32, precision) for precision in FP32_PRECISIONS for K, V, H in FP32_GRID]
@@ -115,8 +122,8 @@ def main(argv=None):
         finally:
             torch.set_float32_matmul_precision(before)
         torch.cuda.empty_cache()
-        Path(args.out).write_text(json.dumps({"env": dict(env, partial=True), "rows": rows}, indent=1))
-    Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+        Path(out).write_text(json.dumps({"env": dict(env, partial=True), "rows": rows}, indent=1))
+    Path(out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     return 1 if any(r["attnrnn_ms"] is None for r in rows) else 0
 
 

@@ -9,7 +9,6 @@ one untimed call each (Triton autotuning), with attnrnn's chunk_linear_attn and 
 them for scale. attnrnn's recurrent form computes in fp32 throughout (its products are not rounded to
 bf16, as the tensor-core chunk kernels' are).
 """
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,9 +17,7 @@ import torch
 
 import attnrnn
 
-from . import baselines, timing
-from .__main__ import environment
-from .head_dims import measure
+from .head_dims import against_fla, measure
 
 # (B, T, H, D)
 SHAPES = [(4, 16, 16, 64), (4, 64, 16, 64), (4, 64, 16, 128), (32, 64, 16, 128), (4, 1024, 16, 128),
@@ -28,18 +25,7 @@ SHAPES = [(4, 16, 16, 64), (4, 64, 16, 64), (4, 64, 16, 128), (32, 64, 16, 128),
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fla", default="auto", help="as python -m bench's --fla")
-    parser.add_argument("--out", required=True, help="JSON path")
-    parser.add_argument("--quick", action="store_true", help="1 warm-up and 3 repeats per median")
-    args = parser.parse_args(argv)
-    timing.QUICK = args.quick
-    fla = baselines.load_fla(args.fla)
-    if fla is None:
-        parser.error("fla is not loaded: pass --fla with fla_core's wheel")
-    command = " ".join(["python -m bench.recurrent"] + (argv if argv is not None else sys.argv[1:]))
-    env = dict(environment("cuda", fla), command=command)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    out, fla, env = against_fla(__doc__, "bench.recurrent", argv)
     rows = []
     for B, T, H, D in SHAPES:
         gen = torch.Generator().manual_seed(0)
@@ -68,8 +54,8 @@ def main(argv=None):
                       f"  fwd+bwd {f(fwdbwd)} ms", flush=True)
         del q, k, v, do
         torch.cuda.empty_cache()
-        Path(args.out).write_text(json.dumps({"env": dict(env, partial=True), "rows": rows}, indent=1))
-    Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+        Path(out).write_text(json.dumps({"env": dict(env, partial=True), "rows": rows}, indent=1))
+    Path(out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     return 1 if any(r["fwd_ms"] is None for r in rows) else 0
 
 
