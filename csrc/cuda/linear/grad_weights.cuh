@@ -5,8 +5,9 @@
 // into the workspace arrays the dq, dk and dv sweeps read (BwdWorkspace). Rows are independent, so
 // this is one pass over dout and o, bound by memory: a warp takes kDdUnroll x 32 / kLanes
 // consecutive rows at a time (across tokens when H is small), kLanes lanes per row with 16 bytes
-// each (8 bf16/fp16 or 4 fp32 elements), every load of the pass (and its w) issued before any sum, so that enough bytes are in
-// flight per SM to cover DRAM latency (a warp per row with 4-byte loads left it latency bound).
+// each (8 bf16/fp16 or 4 fp32 elements), every load of the pass (and its w) issued before any sum,
+// so that enough bytes are in flight per SM to cover DRAM latency (a warp per row with 4-byte loads
+// left it latency bound).
 #pragma once
 
 #include "args.cuh"

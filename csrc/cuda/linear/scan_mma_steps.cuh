@@ -1,7 +1,7 @@
 // Pieces of the mma.sync chunk scan (scan_mma.cuh) that read and write whole tiles: the in-place
 // tile transform and the normalizer's column sums. Threads and tiles as in scan_mma.cuh
-// (kScanThreads threads, MmaLayout<T, DI> in shared memory, lanes of a warp owning rows gr and gr + 8 of
-// a 16-row block, columns t2 and t2 + 1).
+// (kScanThreads threads, MmaLayout<T, DI> in shared memory, lanes of a warp owning rows gr and gr + 8
+// of a 16-row block, columns t2 and t2 + 1).
 #pragma once
 
 #include "scan_roles.cuh"

@@ -50,7 +50,7 @@ struct MmaLayout {
   // a stride of 8 words mod 32 (A, B), columns read one word per lane (Cv, S) 4 mod 16.
   static constexpr int LI = DI + 8, LC = fp32 ? NC + 4 : NC + 8;
   // The state as the product A S reads it: bf16/fp16 hi + lo parts (~16 mantissa bits); fp32 whole
-  // (MmaStep rounds or splits it as it does every fp32 operand).
+  // (MmaStep rounds it to TF32 as it does every fp32 operand).
   static constexpr int state_parts = fp32 ? 1 : 2;
   static constexpr int A = 0;                         // [64][LI]  row operand
   static constexpr int B = A + kChunk * LI;         // [64][LI]  column operand
@@ -99,6 +99,10 @@ __device__ __forceinline__ ConstView tc_view(const ChunkArgs& p, const ScanFeatu
   return s == Operand::kV ? p.v : p.dout;
 }
 __device__ __forceinline__ bool per_query_head(Operand s) { return s == Operand::kQ || s == Operand::kDout; }
+// The columns of source s's rows: K for q and k, V for v and dout.
+__device__ __forceinline__ int operand_dim(Operand s, int64_t K, int64_t V) {
+  return static_cast<int>(s == Operand::kQ || s == Operand::kK ? K : V);
+}
 
 // Two-pass scan over segments of the sequences, for shapes whose (sequence, tile, kv head) blocks do
 // not fill the GPU: pass 1 (state_only) sums each segment's change of the state (and z) into

@@ -132,8 +132,9 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
   auto step_of = [&](const Walk& w) { return walk.at<Info::reverse>(w); };
   auto advance = [&](Walk& w) { walk.advance(w); };
   // the operands' tile sources, hoisted (WgSource); tiles are laid out by wg_at (wgmma.cuh)
-  auto dim_of = [&](Operand o) { return static_cast<int>(o == Operand::kQ || o == Operand::kK ? K : V); };
-  auto source = [&](Operand o, int col0) { return wg_source<T>(tc_view(p, feat, o), seq, col0, tid, dim_of(o)); };
+  auto source = [&](Operand o, int col0) {
+    return wg_source<T>(tc_view(p, feat, o), seq, col0, tid, operand_dim(o, K, V));
+  };
   const WgSource<T> a_src = source(Info::a, 0), b_src = source(Info::b, 0), c_src = source(Info::c, c0),
                     v_src = source(Operand::kV, 0);
   auto head_of = [&](Operand src, const Step& s) { return per_query_head(src) ? s.h : g; };

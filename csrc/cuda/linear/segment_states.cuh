@@ -129,11 +129,9 @@ __global__ void __launch_bounds__(kScanThreads, BlocksPerSm)
     s.cl -= C * c.sub;
     return s;
   };
-  auto dim_of = [&](Operand o) {
-    return static_cast<int>(o == Operand::kQ || o == Operand::kK ? p.head_dim_k : p.head_dim_v);
-  };
-  const WgSource<T> b_src = wg_source<T>(tc_view(p, feat, Info::b), seq, 0, tid, dim_of(Info::b));
-  const WgSource<T> c_src = wg_source<T>(tc_view(p, feat, Info::c), seq, tile * D, tid, dim_of(Info::c));
+  const int64_t K = p.head_dim_k, V = p.head_dim_v;
+  const WgSource<T> b_src = wg_source<T>(tc_view(p, feat, Info::b), seq, 0, tid, operand_dim(Info::b, K, V));
+  const WgSource<T> c_src = wg_source<T>(tc_view(p, feat, Info::c), seq, tile * D, tid, operand_dim(Info::c, K, V));
   auto stage = [&](int i) { return smem + (i % NS) * L::stage; };
   Cursor issued{walk.start(), 0}, current{walk.start(), 0};
   auto issue = [&](int i) {  // step i's B and Cv tiles (rows past the segment's end as zeros)
