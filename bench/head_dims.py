@@ -9,7 +9,9 @@ forward and forward+backward medians of both, after one untimed call each (Trito
 speed-up over fla and the share of the memory floor: q, k, v read and o written forward; with the
 backward also q, k, v, do read and dq, dk, dv written (6K + 5V elements per (token, head)), at the
 device's copy rate. fp32 rows (K = V = 64 and 128) run under each precision setting; fla's Triton
-kernels read fp32 operands as TF32 under both.
+kernels read fp32 operands as TF32 under both. At K = V = 64 and 128 in bf16, attnrnn's mma.sync
+sweeps (the path of GPUs without wgmma) are timed too, forced through the testing hook on the same
+GPU: a stand-in for Ampere-class parts.
 """
 import argparse
 import json
@@ -31,6 +33,8 @@ GRID = [(32, 32, 32), (64, 64, 16), (96, 96, 16), (128, 128, 16), (192, 192, 8),
 FP32_GRID = [(64, 64, 16), (128, 128, 16)]
 FP32_PRECISIONS = ["highest", "high"]
 B, T = 4, 8192
+# bf16 dims also timed on the mma.sync sweeps
+MMA_SYNC_DIMS = [(64, 64), (128, 128)]
 
 
 def floor_bytes(K, V, H, mode, element_bytes):
@@ -54,6 +58,18 @@ def measure(op, q, k, v, do):
     return fwd, median_ms(fwdbwd, "cuda")
 
 
+def on_mma_sync(op):
+    """op run with the tensor-core sweeps forced onto mma.sync (testing.h's PlanOverride)."""
+    def forced(*args):
+        before = attnrnn._C._plan_override()
+        attnrnn._C._set_plan_override(True, *before[1:])
+        try:
+            return op(*args)
+        finally:
+            attnrnn._C._set_plan_override(*before)
+    return forced
+
+
 def measure_shape(K, V, H, dtype, precision, fla, bandwidth):
     """The rows of one (K, V, H, dtype[, precision]): both normalize modes, forward and forward+backward."""
     gen = torch.Generator().manual_seed(0)
@@ -68,6 +84,8 @@ def measure_shape(K, V, H, dtype, precision, fla, bandwidth):
     for normalize in (False, True):
         impls = {"attnrnn": lambda a, b, c: attnrnn.chunk_linear_attn(a, b, c, normalize=normalize)[0],
                  "fla_chunk": lambda a, b, c: fla["chunk"](a, b, c, normalize=normalize)[0]}
+        if dtype == torch.bfloat16 and (K, V) in MMA_SYNC_DIMS:
+            impls["attnrnn_mma_sync"] = on_mma_sync(impls["attnrnn"])
         times = {}
         for impl, op in impls.items():
             try:
@@ -82,11 +100,15 @@ def measure_shape(K, V, H, dtype, precision, fla, bandwidth):
                        attnrnn_ms=ours, fla_chunk_ms=theirs, floor_ms=floor_ms,
                        speedup=None if ours is None or theirs is None else theirs / ours,
                        pct_of_floor=None if ours is None else 100 * floor_ms / ours)
+            if "attnrnn_mma_sync" in times:
+                row["attnrnn_mma_sync_ms"] = times["attnrnn_mma_sync"][i]
             rows.append(row)
             f = lambda x, fmt: "-" if x is None else format(x, fmt)
             print(f"{row['shape']:24s} {name:12s} {'norm' if normalize else 'unnorm':6s} {mode:7s} attnrnn "
                   f"{f(ours, '8.3f')} ms  fla {f(theirs, '8.3f')} ms  {f(row['speedup'], '6.2f')}x  "
-                  f"{f(row['pct_of_floor'], '5.1f')}% of floor", flush=True)
+                  f"{f(row['pct_of_floor'], '5.1f')}% of floor"
+                  + (f"  mma.sync {f(row['attnrnn_mma_sync_ms'], '8.3f')} ms" if "attnrnn_mma_sync_ms" in row else ""),
+                  flush=True)
     return rows
 
 
