@@ -19,6 +19,13 @@
 
 namespace attnrnn::aten {
 
+namespace {
+
+using namespace detail;
+
+// PyTorch's float32 matmul precision for CUDA: "high" and "medium" (torch.set_float32_matmul_precision,
+// or torch.backends.cuda.matmul.fp32_precision = "tf32") let fp32 products read TF32 operands, as
+// cuBLAS's matmuls then do; "highest" keeps fp32 accuracy.
 bool fp32_matmul_allows_tf32() {
 #if defined(ATTNRNN_TORCH_HAS_FLOAT32_PRECISION)
   return at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
@@ -27,10 +34,6 @@ bool fp32_matmul_allows_tf32() {
   return at::globalContext().allowTF32CuBLAS();
 #endif
 }
-
-namespace {
-
-using namespace detail;
 
 FeatureMap parse_feature_map(std::string_view name, const char* op) {
   if (name == "identity") return FeatureMap::kIdentity;

@@ -221,13 +221,6 @@ PyObject* get_plan_override(PyObject*, PyObject*) {
 // built_with_wgmma() -> bool: the CUDA kernels include sm_90a code (the wgmma sweeps).
 PyObject* built_with_wgmma(PyObject*, PyObject*) { return PyBool_FromLong(attnrnn::built_with_wgmma()); }
 
-// _fp32_matmul_allows_tf32() -> bool: what the ops read of torch's float32 matmul precision.
-PyObject* fp32_matmul_allows_tf32(PyObject*, PyObject*) {
-  HANDLE_TH_ERRORS
-  return PyBool_FromLong(attnrnn::aten::fp32_matmul_allows_tf32());
-  END_HANDLE_TH_ERRORS
-}
-
 PyMethodDef methods[] = {
     {"chunk_fwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_fwd)), METH_FASTCALL,
      "The eager call of torch.ops.attnrnn.chunk_fwd.default (NotImplemented: use torch.ops)."},
@@ -239,8 +232,6 @@ PyMethodDef methods[] = {
      METH_FASTCALL, "Test hook: force the CUDA chunk plan's choices (attnrnn/testing.h)."},
     {"_plan_override", &get_plan_override, METH_NOARGS, "The CUDA chunk plan's test override in force."},
     {"built_with_wgmma", &built_with_wgmma, METH_NOARGS, "Whether the CUDA kernels include sm_90a code."},
-    {"_fp32_matmul_allows_tf32", &fp32_matmul_allows_tf32, METH_NOARGS,
-     "Whether the ops' fp32 products may read TF32 operands (torch's float32 matmul precision)."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef attnrnn_module = {PyModuleDef_HEAD_INIT, "_C", "attnrnn operator registrations and eager calls", -1,

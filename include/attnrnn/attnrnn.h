@@ -98,9 +98,9 @@ struct LinearAttnFwdParams {
   FeatureMap feature_map = FeatureMap::kIdentity;
   bool normalize = false;
   int64_t chunk_size = 0;  // chunk ops: tokens per chunk, 0 = the kernel's own choice
-  // fp32 on CUDA: the products may read their operands rounded to TF32 (10 mantissa bits), as
-  // torch.get_float32_matmul_precision() "high" and "medium" allow: K, V in {64, 128} then run on
-  // the tensor cores. false keeps fp32 accuracy on the CUDA-core kernels.
+  // fp32 on CUDA's tensor cores: the products may read their operands rounded to TF32 (10 mantissa
+  // bits), as torch.get_float32_matmul_precision() "high" and "medium" allow; false keeps fp32
+  // accuracy (each operand split into two TF32 parts, three products).
   bool allow_tf32 = false;
 
   // What the chunk forward keeps for its backward: chunk_linear_attn_saved_bytes(params) bytes,

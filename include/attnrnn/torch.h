@@ -17,12 +17,6 @@
 
 namespace attnrnn::aten {
 
-// PyTorch's float32 matmul precision for CUDA, read at each call: "high" and "medium"
-// (torch.set_float32_matmul_precision, or torch.backends.cuda.matmul.fp32_precision = "tf32") let
-// fp32 products read TF32 operands, as cuBLAS's matmuls then do, and put fp32 with K, V in
-// {64, 128} on the tensor cores; "highest" keeps fp32 accuracy on the CUDA-core kernels.
-bool fp32_matmul_allows_tf32();
-
 // -> (o [B,T,H,V], S_final, z_final, saved). With for_backward, saved is what chunk_bwd reads
 // (uint8, chunk_linear_attn_saved_bytes() of attnrnn.h: on CUDA the forward's w = scale / den_t and,
 // where its sweeps split the sequences, their segment states; empty elsewhere); without, empty.

@@ -101,16 +101,14 @@ def _split_segments(blocks, per_sm, seqlen, sm_count, forced):
 def saved_bytes(q, k, v, cu_seqlens, normalize, chunk_size):
     """Bytes of the saved tensor chunk_fwd(for_backward=True) returns: the layout of the CUDA plan's
     saved buffer (csrc/cuda/linear/plan.cu, Rules::saved_layout), for the fake kernel, whose shapes
-    may be symbolic. On CUDA with bf16/fp16 (and fp32 where torch's float32 matmul precision allows
-    TF32), 64-token chunks and K, V in {64, 128} (bf16/fp16 on sm_90a also padded dims: K, V multiples
-    of 8 up to 256, tiles.h's padded_dims): the forward's w = scale / den per (token, query head) with
-    normalize; without it, bf16/fp16 at K = V = 128 on sm_90a where the forward's sweep splits the
-    sequences, its segment states for the backward's dq sweep."""
+    may be symbolic. On CUDA with bf16/fp16/fp32, 64-token chunks and K, V in {64, 128} (bf16/fp16 on
+    sm_90a also padded dims: K, V multiples of 8 up to 256, tiles.h's padded_dims): the forward's
+    w = scale / den per (token, query head) with normalize; without it, bf16/fp16 at K = V = 128 on
+    sm_90a where the forward's sweep splits the sequences, its segment states for the backward's dq
+    sweep."""
     B, T, H, K = q.shape
     Hkv, V = v.shape[2], v.shape[3]
-    tensor_core_dtype = q.dtype in (torch.bfloat16, torch.float16) or (
-        q.dtype == torch.float32 and _C._fp32_matmul_allows_tf32())
-    if not q.is_cuda or not tensor_core_dtype or chunk_size not in (0, 64):
+    if not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16, torch.float32) or chunk_size not in (0, 64):
         return 0
     mma_sync, forced_segments, pairing, _ = _C._plan_override()
     props = torch.cuda.get_device_properties(q.device)

@@ -70,11 +70,11 @@ def test_padded_head_dims_meet_rules(ar, ref, case):
     check_all(ours, base, ref64, case.dtype)
 
 
-# fp32 at PyTorch's float32 matmul precision "high": the mma.sync sweeps on TF32 tensor cores, their
-# products reading TF32 operands as PyTorch's own fp32 matmuls then do (the baselines run under the
-# same setting), R2 at fp16's bound (the same 10 mantissa bits). At "highest", the default, the same
-# cases run on the generic kernels and meet fp32's rules. One-pass and split sweeps (long sequences,
-# few blocks), GQA, varlen, states, K != V, every feature map, both normalize modes.
+# fp32 on the mma.sync sweeps at both of PyTorch's float32 matmul precisions, against baselines run
+# under the same setting. At "high" the products read TF32 operands, as PyTorch's own fp32 matmuls
+# then do: R2 at fp16's bound (the same 10 mantissa bits). At "highest", the default, each operand
+# is split into two TF32 parts (3xTF32) and the cases meet fp32's rules. One-pass and split sweeps
+# (long sequences, few blocks), GQA, varlen, states, K != V, every feature map, both normalize modes.
 fp32 = torch.float32
 FP32_CASES = [
     Case(2, 300, 4, 64, fp32, initial_state=True, final_state=True),
@@ -102,17 +102,18 @@ def test_fp32_meets_rules_at_each_matmul_precision(ar, ref, case, float32_matmul
     check_all(ours, base, ref64, case.dtype, r2_tol=R2_TOL[fp16] if tf32 else None)
 
 
-# fp32 runs every sweep on the mma.sync kernels where TF32 is allowed ("high"), with the weights pass
-# only with normalize, and on the generic kernels at "highest".
+# fp32 runs every sweep on the mma.sync kernels at both precisions, with the weights pass only with
+# normalize: on TF32 operands at "high", split into 3xTF32 (the kernels' last template argument,
+# true) at "highest".
 @pytest.mark.parametrize("normalize", [True, False], ids=["normalize", "unnormalized"])
-def test_fp32_runs_on_the_tensor_cores_only_where_tf32_is_allowed(ar, float32_matmul_precision, normalize):
+def test_fp32_runs_on_the_tensor_cores_at_each_matmul_precision(ar, float32_matmul_precision, normalize):
     names = _kernels_of_a_forward_backward(ar, Case(1, 1000, 2, 128, fp32, normalize=normalize))
-    sweeps = _roles_of("mma_scan_kernel<float", names)
-    if float32_matmul_precision == "highest":
-        assert sweeps == set() and any("generic_forward_kernel<float>" in n for n in names), names
-    else:
-        assert sweeps == {0, 1, 2, 3}, names
-        assert any("grad_weights_kernel<float" in n for n in names) == normalize, names
+    exact = float32_matmul_precision == "highest"
+    sweeps = [n for n in names if "mma_scan_kernel<float" in n]
+    assert _roles_of("mma_scan_kernel<float", sweeps) == {0, 1, 2, 3}, names
+    assert all(n.replace(" ", "").endswith(f"{str(exact).lower()}>") for n in sweeps), sweeps
+    assert not any("generic_" in n for n in names), names
+    assert any("grad_weights_kernel<float" in n for n in names) == normalize, names
 
 
 # Backward shapes whose padded sweeps sit beside exact ones with three or four output tiles: dv at
@@ -178,7 +179,7 @@ def test_saved_size_is_the_fake_kernels(ar, forced_plan, case, forced):
     assert saved.dtype == torch.uint8 and saved.numel() == expected
 
 
-# fp32 keeps w (normalize) where its sweeps run on the tensor cores, at "high" only.
+# fp32 keeps w (normalize) on the tensor cores at both precisions.
 @pytest.mark.parametrize("normalize", [True, False], ids=["normalize", "unnormalized"])
 def test_fp32_saved_size_is_the_fake_kernels_at_each_matmul_precision(ar, float32_matmul_precision, normalize):
     case = Case(1, 150, 4, 64, fp32, normalize=normalize)
@@ -186,8 +187,7 @@ def test_fp32_saved_size_is_the_fake_kernels_at_each_matmul_precision(ar, float3
     saved = torch.ops.attnrnn.chunk_fwd(inp["q"], inp["k"], inp["v"], None, None, None, case.K ** -0.5, 1e-6,
                                         "identity", case.normalize, False, 0, True)[3]
     expected = ar._ops.saved_bytes(inp["q"], inp["k"], inp["v"], None, case.normalize, 0)
-    tensor_cores = normalize and float32_matmul_precision == "high"
-    assert saved.numel() == expected == (-(-150 * 4 * 4 // 256) * 256 if tensor_cores else 0)
+    assert saved.numel() == expected == (-(-150 * 4 * 4 // 256) * 256 if normalize else 0)
 
 
 def test_saved_states_are_kept_where_the_sweeps_split(ar):

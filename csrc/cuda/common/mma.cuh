@@ -193,7 +193,7 @@ __device__ __forceinline__ void mma1688_tf32(float (&c)[4], const uint32_t (&a)[
 // ---- one k16 step of a 16-row block: C[16 x 8] += A[16 x 16] B[16 x 8] for each of two n-tiles ----
 // The chunk scans are written once against these operations; T is the operand type in shared
 // memory. bf16 / fp16: one m16n8k16 per n-tile, fragments through ldmatrix.
-template <class T>
+template <class T, bool kTf32x3 = false>
 struct MmaStep {
   struct A { uint32_t r[4]; };
   struct B { uint32_t r[4]; };  // n-tile 0 in r[0..1], n-tile 1 in r[2..3]
@@ -220,21 +220,29 @@ struct MmaStep {
   }
 };
 
-// fp32: two m16n8k8 TF32 mmas per n-tile (one per 8-wide k slice), every operand rounded to TF32 as
-// it is read. (Splitting each operand into two TF32 parts for three products, "3xTF32", measured
-// 2.5-10x PyTorch fp32's largest error on o on an H200, past the numerics rules: fp32 at
-// "highest" precision stays on the generic kernels, plan.cu.)
-template <>
-struct MmaStep<float> {
-  struct A { uint32_t r[2][4]; };     // [k slice][register]
-  struct B { uint32_t r[2][2][2]; };  // [n-tile][k slice][register]
+// fp32: two m16n8k8 TF32 mmas per n-tile (one per 8-wide k slice). kTf32x3 keeps fp32 accuracy
+// ("3xTF32"): each operand x is split into big = tf32(x) and small = tf32(x - big), and
+// a b = big_a big_b + big_a small_b + small_a big_b (small_a small_b, ~2^-22 of the product, dropped).
+// The tensor cores round each accumulation toward zero, a bias that grows with the number of mmas
+// summed into one accumulator (the state and o collect thousands): 3xTF32 sums each k slice's big
+// products and the step's small ones in fresh accumulators and adds them to c with one fp32 add.
+template <bool kTf32x3>
+struct MmaStep<float, kTf32x3> {
+  static constexpr int kParts = kTf32x3 ? 2 : 1;  // big, then small
+  struct A { uint32_t r[2][kParts][4]; };          // [k slice][part][register]
+  struct B { uint32_t r[2][2][kParts][2]; };       // [n-tile][k slice][part][register]
 
+  template <int N>
+  static __device__ __forceinline__ void split(uint32_t (&parts)[kParts][N], int i, float x) {
+    parts[0][i] = to_tf32(x);
+    if constexpr (kTf32x3) parts[1][i] = to_tf32(x - __uint_as_float(parts[0][i]));
+  }
   // one k slice of A from its four elements (g, 2t), (g+8, 2t), (g, 2t+1), (g+8, 2t+1)
   static __device__ __forceinline__ void set_a(A& a, int s, float top0, float bottom0, float top1, float bottom1) {
-    a.r[s][0] = to_tf32(top0);
-    a.r[s][1] = to_tf32(bottom0);
-    a.r[s][2] = to_tf32(top1);
-    a.r[s][3] = to_tf32(bottom1);
+    split(a.r[s], 0, top0);
+    split(a.r[s], 1, bottom0);
+    split(a.r[s], 2, top1);
+    split(a.r[s], 3, bottom1);
   }
   static __device__ __forceinline__ void a_rows(A& a, const float* X, int ld, int m0, int k0, int lane) {
     const float* top = X + (m0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
@@ -260,8 +268,8 @@ struct MmaStep<float> {
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         const float2 x = *reinterpret_cast<const float2*>(n_row + 8 * nt * ld + 8 * s);
-        b.r[nt][s][0] = to_tf32(x.x);
-        b.r[nt][s][1] = to_tf32(x.y);
+        split(b.r[nt][s], 0, x.x);
+        split(b.r[nt][s], 1, x.y);
       }
   }
   static __device__ __forceinline__ void b_kn(B& b, const float* X, int ld, int n0, int k0, int lane) {
@@ -271,8 +279,8 @@ struct MmaStep<float> {
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         const float* r = k_row + 8 * s * ld + 8 * nt;
-        b.r[nt][s][0] = to_tf32(r[0]);
-        b.r[nt][s][1] = to_tf32(r[ld]);
+        split(b.r[nt][s], 0, r[0]);
+        split(b.r[nt][s], 1, r[ld]);
       }
   }
   static __device__ __forceinline__ void a_from_c(A& a, const float (&c0)[4], const float (&c1)[4]) {
@@ -280,8 +288,20 @@ struct MmaStep<float> {
     set_a(a, 1, c1[0], c1[2], c1[1], c1[3]);
   }
   static __device__ __forceinline__ void mma(float (&c)[4], const A& a, const B& b, int n_tile) {
+    if constexpr (kTf32x3) {
+      float big[2][4] = {}, small[4] = {};
 #pragma unroll
-    for (int s = 0; s < 2; ++s) mma1688_tf32(c, a.r[s], b.r[n_tile][s]);
+      for (int s = 0; s < 2; ++s) {
+        mma1688_tf32(small, a.r[s][0], b.r[n_tile][s][1]);
+        mma1688_tf32(small, a.r[s][1], b.r[n_tile][s][0]);
+        mma1688_tf32(big[s], a.r[s][0], b.r[n_tile][s][0]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[e] += (big[0][e] + big[1][e]) + small[e];
+    } else {
+#pragma unroll
+      for (int s = 0; s < 2; ++s) mma1688_tf32(c, a.r[s][0], b.r[n_tile][s][0]);
+    }
   }
 };
 

@@ -117,18 +117,20 @@ Status launch_tensor_core_backward(const ChunkPlan& plan, const ChunkArgs& p) {
 // normalize mode, are instantiated once, with the normalized half.
 extern template Status launch_tensor_core_backward<__nv_bfloat16, false>(const ChunkPlan&, const ChunkArgs&);
 extern template Status launch_tensor_core_backward<__half, false>(const ChunkPlan&, const ChunkArgs&);
-// The mma.sync backward sweeps of operand type T, instantiated with the normalized half.
-#define ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, R, DI) \
-  PREFIX template Status run_mma_sweep<T, R, DI>(const Sweep&, const ChunkArgs&, const ScanFeatures&, const char*);
-#define ATTNRNN_MMA_BACKWARD_SWEEPS(PREFIX, T)                   \
-  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradQ, 64)  \
-  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradQ, 128) \
-  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradK, 64)  \
-  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradK, 128) \
-  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradV, 64)  \
-  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradV, 128)
-ATTNRNN_MMA_BACKWARD_SWEEPS(extern, __nv_bfloat16)
-ATTNRNN_MMA_BACKWARD_SWEEPS(extern, __half)
+// The mma.sync backward sweeps of operand type T (kTf32x3: fp32's exact variant), instantiated apart.
+#define ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, R, DI, X3) \
+  PREFIX template Status run_mma_sweep<T, R, DI, X3>(const Sweep&, const ChunkArgs&, const ScanFeatures&, const char*);
+#define ATTNRNN_MMA_BACKWARD_SWEEPS(PREFIX, T, X3)                   \
+  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradQ, 64, X3)  \
+  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradQ, 128, X3) \
+  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradK, 64, X3)  \
+  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradK, 128, X3) \
+  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradV, 64, X3)  \
+  ATTNRNN_MMA_BACKWARD_SWEEP(PREFIX, T, ScanRole::kGradV, 128, X3)
+ATTNRNN_MMA_BACKWARD_SWEEPS(extern, __nv_bfloat16, false)
+ATTNRNN_MMA_BACKWARD_SWEEPS(extern, __half, false)
+ATTNRNN_MMA_BACKWARD_SWEEPS(extern, float, false)
+ATTNRNN_MMA_BACKWARD_SWEEPS(extern, float, true)
 
 template <class T>
 Status launch_generic_backward(const ChunkPlan& plan, const ChunkArgs& p) {

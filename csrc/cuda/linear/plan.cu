@@ -64,11 +64,10 @@ bool fp32(const LinearAttnFwdParams& p) { return p.dtype == DType::kFloat32; }
 
 // The shapes the tensor-core sweeps take (bf16/fp16, 64-token chunks, exact dims on every device and
 // padded ones where wgmma runs, which `wgmma` (Rules::wgmma_device) says, never for fp32; fp32 with
-// exact dims on the mma.sync sweeps where the call allows TF32 products: at fp32 accuracy it keeps
-// the generic kernels, MmaStep<float> in common/mma.cuh), pointers aside: what the saved layout
-// depends on.
+// exact dims on the mma.sync sweeps: TF32 products where the call allows them, else 3xTF32,
+// MmaStep<float> in common/mma.cuh), pointers aside: what the saved layout depends on.
 bool tensor_core_shape(const LinearAttnFwdParams& p, bool recurrent, bool backward, bool wgmma) {
-  const bool dtype = p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16 || (fp32(p) && p.allow_tf32);
+  const bool dtype = p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16 || fp32(p);
   const bool chunk = !recurrent && (p.chunk_size == 0 || p.chunk_size == kChunk);
   const bool dims = exact_dims(p, backward) || (wgmma && padded_dims(p, backward));
   return dtype && chunk && dims;

@@ -29,12 +29,12 @@
 
 namespace attnrnn::cuda {
 
-template <class T, ScanRole R, int DI>
+template <class T, ScanRole R, int DI, bool kTf32x3 = false>
 __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
     mma_scan_kernel(const ChunkArgs p, const SegmentSplit split, const ScanFeatures feat) {
   using Info = RoleInfo<R>;
   using L = MmaLayout<T, DI>;
-  using M = MmaStep<T>;
+  using M = MmaStep<T, kTf32x3>;
   constexpr int NS = L::NS, KT = DI / 64, C = kChunk, NC = L::NC, NT = NC / 8, NP = NC / 16;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   T* st = reinterpret_cast<T*>(smem_bytes);

@@ -119,9 +119,9 @@ Status check_normalize_mode(const ChunkArgs& p, const char* what) {
               int(WithNormalizer), int(p.normalize));
 }
 
-template <class T, ScanRole R, int DI>
+template <class T, ScanRole R, int DI, bool kTf32x3 = false>
 Status run_mma_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
-  return run_sweep(mma_scan_kernel<T, R, DI>, MmaLayout<T, DI>::bytes, kScanThreads, kChunk, p, sweep,
+  return run_sweep(mma_scan_kernel<T, R, DI, kTf32x3>, MmaLayout<T, DI>::bytes, kScanThreads, kChunk, p, sweep,
                    tc_tiles<T, R, DI>(p), feat, what, NoStateKernel{});
 }
 
@@ -174,13 +174,15 @@ Status run_wgmma_pair_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFe
                    StateKernelPass<T, R, DI, WgmmaPairTiles::blocks_per_sm, WithNormalizer>{p, feat, L::chunk, what});
 }
 
-// An fp32 sweep: mma.sync on TF32 operands (the plan's only fp32 tensor-core kernel).
+// An fp32 sweep (always mma.sync): TF32 operands where the call allows them, else 3xTF32.
 template <ScanRole R>
 Status run_fp32_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
-  if (sweep.kernel != SweepKernel::kMma || !p.allow_tf32)
-    return fail(Status::kInvalidArgument, "%s: fp32 runs on the tensor cores only on mma.sync with TF32 allowed", what);
-  return sweep.inner == 64 ? run_mma_sweep<float, R, 64>(sweep, p, feat, what)
-                           : run_mma_sweep<float, R, 128>(sweep, p, feat, what);
+  if (sweep.kernel != SweepKernel::kMma) return fail(Status::kInvalidArgument, "%s: fp32 runs on mma.sync only", what);
+  if (p.allow_tf32)
+    return sweep.inner == 64 ? run_mma_sweep<float, R, 64, false>(sweep, p, feat, what)
+                             : run_mma_sweep<float, R, 128, false>(sweep, p, feat, what);
+  return sweep.inner == 64 ? run_mma_sweep<float, R, 64, true>(sweep, p, feat, what)
+                           : run_mma_sweep<float, R, 128, true>(sweep, p, feat, what);
 }
 
 // The sweep of role R (not the fused dk + dv) on the kernel and inner dim its plan names.
