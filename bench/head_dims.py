@@ -129,6 +129,21 @@ def against_fla(doc, module, argv):
     return args.out, fla, dict(environment("cuda", fla), command=command)  # environment() records --quick
 
 
+def markdown_table(rows):
+    """The forward+backward rows as a markdown table: per shape and dtype, attnrnn's time, fla's, the
+    speed-up and the share of the memory floor, unnormalized then normalized (mma.sync beside)."""
+    f = lambda x, fmt: "-" if x is None else format(x, fmt)
+    lines = ["| shape | dtype | normalize | attnrnn ms | fla ms | attnrnn x | % floor | mma.sync ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["mode"] != "fwd+bwd":
+            continue
+        lines.append(f"| {r['shape']} | {r['dtype']} | {'yes' if r['normalize'] else 'no'} | "
+                     f"{f(r['attnrnn_ms'], '.3f')} | {f(r['fla_chunk_ms'], '.3f')} | {f(r['speedup'], '.2f')} | "
+                     f"{f(r['pct_of_floor'], '.0f')} | {f(r.get('attnrnn_mma_sync_ms'), '.3f')} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     out, fla, env = against_fla(__doc__, "bench.head_dims", argv)
     bandwidth = copy_bandwidth("cuda")
@@ -146,6 +161,7 @@ def main(argv=None):
         torch.cuda.empty_cache()
         Path(out).write_text(json.dumps({"env": dict(env, partial=True), "rows": rows}, indent=1))
     Path(out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    print(markdown_table(rows))
     return 1 if any(r["attnrnn_ms"] is None for r in rows) else 0
 
 
