@@ -104,15 +104,15 @@ def test_fp32_meets_rules_at_each_matmul_precision(ar, ref, case, float32_matmul
 
 # fp32 runs every sweep on the mma.sync kernels at both precisions, with the weights pass only with
 # normalize: on TF32 operands at "high", split into 3xTF32 (the kernels' last template argument,
-# true) at "highest".
+# true) at "highest". (The generic kernels launch after them too, and return at once unless a row was
+# not finite: args.cuh's note_nonfinite.)
 @pytest.mark.parametrize("normalize", [True, False], ids=["normalize", "unnormalized"])
 def test_fp32_runs_on_the_tensor_cores_at_each_matmul_precision(ar, float32_matmul_precision, normalize):
     names = _kernels_of_a_forward_backward(ar, Case(1, 1000, 2, 128, fp32, normalize=normalize))
     exact = float32_matmul_precision == "highest"
     sweeps = [n for n in names if "mma_scan_kernel<float" in n]
     assert _roles_of("mma_scan_kernel<float", sweeps) == {0, 1, 2, 3}, names
-    assert all(n.replace(" ", "").endswith(f"{str(exact).lower()}>") for n in sweeps), sweeps
-    assert not any("generic_" in n for n in names), names
+    assert all(f", {str(exact).lower()}>(" in n for n in sweeps), sweeps
     assert any("grad_weights_kernel<float" in n for n in names) == normalize, names
 
 
