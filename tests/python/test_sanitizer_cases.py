@@ -32,10 +32,9 @@ CASES = [
 ]
 
 
-# The recurrent form runs the generic kernels with one-token chunks and no segment split: their grid
-# and code do not depend on T, which adds only turns of the same loop. Under racecheck a token costs
-# ~0.2 s (B1-T2048-H1-K64 took ~400 s; the T = 2048 cases with K = 128 or GQA did not finish in 390 s
-# each), so the recurrent tour takes the long cases at T = RECURRENT_T.
+# The recurrent form runs the generic kernels with no segment split: past one 64-token chunk their
+# grid and code do not depend on T, which adds only turns of the same loop. Racecheck slows those
+# loops most, so the recurrent tour takes the long cases at T = RECURRENT_T.
 RECURRENT_T = 256
 TOUR = [("chunk", c) for c in CASES] + [("recurrent", c if c.T <= RECURRENT_T else c.replace(T=RECURRENT_T))
                                         for c in CASES]

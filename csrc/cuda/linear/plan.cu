@@ -215,11 +215,17 @@ struct Rules {
   }
 };
 
-// The generic kernels' chunk: the largest power of two <= the requested chunk (one token for the
-// recurrent form) and <= GenericTiles::default_chunk for which fits(C) holds.
+// The generic kernels' chunk: the largest power of two <= the requested chunk and
+// <= GenericTiles::default_chunk for which fits(C) holds. The recurrent form asks for the default, or
+// the sequence where it is shorter (the kernels' loops run over whole chunks): they compute in fp32
+// (fp64) throughout whatever the chunk, and a chunk's sums are one pass of the block where one-token
+// chunks took a pass and its barriers per token (B4-T16-H16-D64 bf16 on an H100: forward
+// 0.113 -> 0.028 ms, forward+backward 0.396 -> 0.194 ms).
 template <class Fits>
 int generic_chunk(const LinearAttnFwdParams& p, bool recurrent, Fits fits) {
-  const int64_t requested = recurrent ? 1 : p.chunk_size > 0 ? p.chunk_size : GenericTiles::default_chunk;
+  const int64_t requested = recurrent              ? std::min<int64_t>(GenericTiles::default_chunk, p.seqlen)
+                            : p.chunk_size > 0     ? p.chunk_size
+                                                   : GenericTiles::default_chunk;
   int C = 1;
   while (C * 2 <= requested && C * 2 <= GenericTiles::default_chunk) C *= 2;
   while (C > 1 && !fits(C)) C /= 2;

@@ -71,7 +71,7 @@ enum class Features : uint8_t {
 
 struct ChunkPlan {
   bool tensor_cores = false;  // else the generic CUDA-core kernels (any dtype and shape)
-  int generic_chunk = 0;      // the generic kernels' chunk (1: the recurrent form); with tensor cores,
+  int generic_chunk = 0;      // the generic kernels' chunk; with tensor cores,
                               // for the (sequence, kv head)s whose rows were not finite (args.cuh)
   Features features = Features::kNone;
   Sweep forward;
@@ -92,7 +92,8 @@ struct ChunkPlan {
   int64_t nonfinite_flags = -1;
 };
 
-// recurrent: the token-by-token form, chunks of one token on the generic kernels.
+// recurrent: the token-by-token form, on the generic kernels (fp32 math throughout, tiles.h's
+// GenericTiles chunk or the sequence where shorter).
 ChunkPlan make_forward_plan(const LinearAttnFwdParams& p, bool recurrent, const DeviceInfo& device,
                             const testing::PlanOverride& forced);
 ChunkPlan make_backward_plan(const LinearAttnBwdParams& p, bool recurrent, const DeviceInfo& device,
