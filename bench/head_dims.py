@@ -112,13 +112,16 @@ def measure_shape(K, V, H, dtype, precision, fla, bandwidth):
     return rows
 
 
-def against_fla(doc, module, argv):
-    """The command line of a script that times attnrnn against fla on the GPU (--fla, --out, --quick):
-    (out path, fla's functions, the run's environment with its command)."""
+def against_fla(doc, module, argv, add_options=None):
+    """The command line of a script that times attnrnn against fla on the GPU (--fla, --out, --quick,
+    and what add_options(parser) adds): (parsed arguments, fla's functions, the run's environment
+    with its command)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fla", default="auto", help="as python -m bench's --fla")
     parser.add_argument("--out", required=True, help="JSON path")
     parser.add_argument("--quick", action="store_true", help="1 warm-up and 3 repeats per median")
+    if add_options is not None:
+        add_options(parser)
     args = parser.parse_args(argv)
     timing.QUICK = args.quick
     fla = baselines.load_fla(args.fla)
@@ -126,7 +129,7 @@ def against_fla(doc, module, argv):
         parser.error("fla is not loaded: pass --fla with fla_core's wheel")
     command = " ".join([f"python -m {module}"] + (argv if argv is not None else sys.argv[1:]))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    return args.out, fla, dict(environment("cuda", fla), command=command)  # environment() records --quick
+    return args, fla, dict(environment("cuda", fla), command=command)  # environment() records --quick
 
 
 def markdown_table(rows):
@@ -144,13 +147,30 @@ def markdown_table(rows):
     return "\n".join(lines)
 
 
+def run_name(K, V, dtype, precision):
+    """"bf16-K64-V256", "fp32-highest-K128-V128": what --only selects."""
+    return ("bf16" if dtype == torch.bfloat16 else f"fp32-{precision}") + f"-K{K}-V{V}"
+
+
 def main(argv=None):
-    out, fla, env = against_fla(__doc__, "bench.head_dims", argv)
+    runs = [(K, V, H, torch.bfloat16, None) for K, V, H in GRID]
+    runs += [(K, V, H, torch.float32, precision) for precision in FP32_PRECISIONS for K, V, H in FP32_GRID]
+    names = [run_name(K, V, dtype, precision) for K, V, _, dtype, precision in runs]
+
+    def only(parser):
+        parser.add_argument("--only", type=lambda s: s.split(","), default=None,
+                            help="comma-separated runs, of " + ", ".join(names))
+
+    args, fla, env = against_fla(__doc__, "bench.head_dims", argv, only)
+    if args.only is not None:
+        unknown = sorted(set(args.only) - set(names))
+        if unknown:
+            raise SystemExit(f"--only: unknown runs {unknown}; known: {names}")
+        runs = [r for r, name in zip(runs, names) if name in args.only]
+    out = args.out
     bandwidth = copy_bandwidth("cuda")
     env["copy_TBps"] = bandwidth / 1e12
     rows = []
-    runs = [(K, V, H, torch.bfloat16, None) for K, V, H in GRID]
-    runs += [(K, V, H, torch.float32, precision) for precision in FP32_PRECISIONS for K, V, H in FP32_GRID]
     before = torch.get_float32_matmul_precision()
     for K, V, H, dtype, precision in runs:
         torch.set_float32_matmul_precision(precision or before)

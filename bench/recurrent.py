@@ -25,7 +25,8 @@ SHAPES = [(4, 16, 16, 64), (4, 64, 16, 64), (4, 64, 16, 128), (32, 64, 16, 128),
 
 
 def main(argv=None):
-    out, fla, env = against_fla(__doc__, "bench.recurrent", argv)
+    args, fla, env = against_fla(__doc__, "bench.recurrent", argv)
+    out = args.out
     rows = []
     for B, T, H, D in SHAPES:
         gen = torch.Generator().manual_seed(0)
