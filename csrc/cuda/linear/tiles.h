@@ -106,6 +106,9 @@ inline bool pairs_sweep(bool forward, bool normalize, bool bf16, int64_t blocks,
 // partly written). The zeros add nothing to any product, so the sums are those of the real dims. Any
 // multiple of 8 (cp.async's 16-byte pieces) up to 256, and the forward's V any multiple of 8: its
 // output tiles are independent. sm_90a only: elsewhere these shapes run the generic kernels.
+// Forward+backward at B4-T8192 on an H100 against fla's chunk: K = V = 32 (H32) and 96 (H16) 1.3-3.3x
+// fla at 20-35% of the memory floor; K = V = 192 (H8, DI = 256: one warpgroup per SM, 96 blocks)
+// 3.8 / 5.5 ms, 0.92-1.02x fla at 7-10% of the floor, latency-bound.
 inline bool padded_dims(int64_t K, int64_t V, bool backward) {
   const bool k = K > 0 && K <= 256 && K % 8 == 0;
   const bool v = V > 0 && V % 8 == 0 && (!backward || V <= 256);
