@@ -144,8 +144,9 @@ def recurrent_linear_attn(
     output_final_state: bool = False,
     cu_seqlens: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Optional[LinearAttnState]]:
-    """Causal linear attention token by token (the RNN form); same arguments and results as
-    :func:`chunk_linear_attn` without ``chunk_size``."""
+    """Causal linear attention as the RNN computes it, every product in fp32 (fp64 for float64); same
+    arguments and results as :func:`chunk_linear_attn` without ``chunk_size``. For short sequences
+    and exact fp32 products; at long T, :func:`chunk_linear_attn` is the fast form on CUDA."""
     return _sequence_op(ops.recurrent_fwd.default, q, k, v, scale, normalize, feature_map, eps, initial_state,
                         output_final_state, cu_seqlens)
 
