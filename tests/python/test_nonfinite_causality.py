@@ -12,8 +12,8 @@ What depends on token t follows from the math (query u sees keys s <= u):
 
 Every other row must be finite and equal to the row of the same call without the bad value, for
 a bad value at the first, an inner and the last token of a chunk (linear forms, chunk_size 16) and
-of the CPU softmax kernel's 64-token blocks. These inputs are fp32 (on CUDA the generic kernels);
-the tensor-core kernels (bf16) are checked at the end.
+of the CPU softmax kernel's 64-token blocks. These inputs are fp32 with D = 16 (on CUDA the generic
+kernels); the tensor-core kernels are checked at the end.
 """
 import functools
 
@@ -115,7 +115,7 @@ def test_softmax_attention_keeps_a_nonfinite_value_causal(ar, form, device, pois
     _check_causal(lambda q, k, v: ar.softmax.streaming_attn(q, k, v), device, poisoned, value, True)
 
 
-# The tensor-core kernels (bf16) with a NaN or Inf at the first, an inner and the last token of a
+# The tensor-core kernels with a NaN or Inf at the first, an inner and the last token of a
 # block (POSITIONS): they multiply masked scores (0) by the whole block's rows, and write the
 # results that came out not finite again with the generic kernels. Every row reachable_rows leaves
 # free must be finite and match the call without the bad value up to bf16 rounding: the repaired
@@ -144,11 +144,14 @@ def _bad_value_params():
             for poisoned in "qkv" for value in VALUES for t in POSITIONS]
 
 
-# Chunks of 64 (K = V = 64, normalize=True), 256 tokens.
+# Chunks of 64 (normalize=True), 256 tokens: K = V = 64 in bf16, 96 in bf16 (tiles padded to 128 on
+# sm_90a) and 64 in fp32 (the mma.sync sweeps in 3xTF32).
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("dim,dtype", [(64, torch.bfloat16), (96, torch.bfloat16), (64, torch.float32)],
+                         ids=["K64-bf16", "K96-bf16", "K64-fp32"])
 @pytest.mark.parametrize("poisoned,value,t", _bad_value_params())
-def test_tensor_core_chunk_kernels_keep_a_nonfinite_value_causal(ar, poisoned, value, t):
-    x = _inputs("cuda", length=256, heads=2, kv_heads=2, dim=64, dtype=torch.bfloat16, seed=0)
+def test_tensor_core_chunk_kernels_keep_a_nonfinite_value_causal(ar, poisoned, value, t, dim, dtype):
+    x = _inputs("cuda", length=256, heads=2, kv_heads=2, dim=dim, dtype=dtype, seed=0)
     _check_tensor_core_rows(lambda q, k, v: ar.chunk_linear_attn(q, k, v, feature_map="elu1")[0], x, poisoned, t,
                             value)
 
