@@ -37,6 +37,16 @@ B, T = 4, 8192
 MMA_SYNC_DIMS = [(64, 64), (128, 128)]
 
 
+def or_dash(x, spec):
+    """x formatted by spec, or "-" for a time that was not measured."""
+    return "-" if x is None else format(x, spec)
+
+
+def write_results(out, env, rows, partial=False):
+    """The JSON a GPU bench writes: its environment (partial while shapes remain) and its rows."""
+    Path(out).write_text(json.dumps({"env": dict(env, partial=True) if partial else env, "rows": rows}, indent=1))
+
+
 def floor_bytes(K, V, H, mode, element_bytes):
     per_token_head = 2 * K + 2 * V if mode == "fwd" else 6 * K + 5 * V
     return B * T * H * per_token_head * element_bytes
@@ -103,7 +113,7 @@ def measure_shape(K, V, H, dtype, precision, fla, bandwidth):
             if "attnrnn_mma_sync" in times:
                 row["attnrnn_mma_sync_ms"] = times["attnrnn_mma_sync"][i]
             rows.append(row)
-            f = lambda x, fmt: "-" if x is None else format(x, fmt)
+            f = or_dash
             print(f"{row['shape']:24s} {name:12s} {'norm' if normalize else 'unnorm':6s} {mode:7s} attnrnn "
                   f"{f(ours, '8.3f')} ms  fla {f(theirs, '8.3f')} ms  {f(row['speedup'], '6.2f')}x  "
                   f"{f(row['pct_of_floor'], '5.1f')}% of floor"
@@ -135,7 +145,7 @@ def against_fla(doc, module, argv, add_options=None):
 def markdown_table(rows):
     """The forward+backward rows as a markdown table: per shape and dtype, attnrnn's time, fla's, the
     speed-up and the share of the memory floor, unnormalized then normalized (mma.sync beside)."""
-    f = lambda x, fmt: "-" if x is None else format(x, fmt)
+    f = or_dash
     lines = ["| shape | dtype | normalize | attnrnn ms | fla ms | attnrnn x | % floor | mma.sync ms |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -179,8 +189,8 @@ def main(argv=None):
         finally:
             torch.set_float32_matmul_precision(before)
         torch.cuda.empty_cache()
-        Path(out).write_text(json.dumps({"env": dict(env, partial=True), "rows": rows}, indent=1))
-    Path(out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+        write_results(out, env, rows, partial=True)
+    write_results(out, env, rows)
     print(markdown_table(rows))
     return 1 if any(r["attnrnn_ms"] is None for r in rows) else 0
 

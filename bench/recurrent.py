@@ -9,15 +9,13 @@ one untimed call each (Triton autotuning), with attnrnn's chunk_linear_attn and 
 them for scale. attnrnn's recurrent form computes in fp32 throughout (its products are not rounded to
 bf16, as the tensor-core chunk kernels' are).
 """
-import json
 import sys
-from pathlib import Path
 
 import torch
 
 import attnrnn
 
-from .head_dims import against_fla, measure
+from .head_dims import against_fla, measure, write_results
 
 # (B, T, H, D)
 SHAPES = [(4, 16, 16, 64), (4, 64, 16, 64), (4, 64, 16, 128), (32, 64, 16, 128), (4, 1024, 16, 128),
@@ -55,8 +53,8 @@ def main(argv=None):
                       f"  fwd+bwd {f(fwdbwd)} ms", flush=True)
         del q, k, v, do
         torch.cuda.empty_cache()
-        Path(out).write_text(json.dumps({"env": dict(env, partial=True), "rows": rows}, indent=1))
-    Path(out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+        write_results(out, env, rows, partial=True)
+    write_results(out, env, rows)
     return 1 if any(r["fwd_ms"] is None for r in rows) else 0
 
 
