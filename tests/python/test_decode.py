@@ -32,13 +32,15 @@ def test_prefill_then_decode_equals_one_call(ar, device, dtype, normalize):
     o_dec = torch.stack(outs, 1)
     # The decode sums q'.S through the state, the chunk op partly inside the chunk: different
     # summation orders, so judge by the R2 relative RMS of the dtype (unnormalized outputs are
-    # sums of large terms that cancel, elementwise relative tolerances do not apply).
+    # sums of large terms that cancel, elementwise relative tolerances do not apply). The states
+    # too: both are fp32 sums, but the chunk op's tensor-core sweeps (bf16 here) multiply phi(k)
+    # rounded to the input dtype, as a bf16 matmul would, where the step keeps phi(k) in fp32.
     tol = R2_TOL[dtype]
     assert relative_rms(o_pre, o_all[:, :T0]) <= tol
     assert relative_rms(o_dec, o_all[:, T0:]) <= tol
-    assert relative_rms(S, st_all.S) <= R2_TOL[torch.float32]
+    assert relative_rms(S, st_all.S) <= tol
     if normalize:
-        assert relative_rms(z, st_all.z) <= R2_TOL[torch.float32]
+        assert relative_rms(z, st_all.z) <= tol
 
 
 @pytest.mark.parametrize("op", ["chunk", "recurrent"])
