@@ -150,7 +150,7 @@ def _bad_value_params():
 @pytest.mark.parametrize("dim,dtype", [(64, torch.bfloat16), (96, torch.bfloat16), (64, torch.float32)],
                          ids=["K64-bf16", "K96-bf16", "K64-fp32"])
 @pytest.mark.parametrize("poisoned,value,t", _bad_value_params())
-def test_tensor_core_chunk_kernels_keep_a_nonfinite_value_causal(ar, poisoned, value, t, dim, dtype):
+def test_cuda_tensor_core_chunk_kernels_keep_a_nonfinite_value_causal(ar, poisoned, value, t, dim, dtype):
     x = _inputs("cuda", length=256, heads=2, kv_heads=2, dim=dim, dtype=dtype, seed=0)
     _check_tensor_core_rows(lambda q, k, v: ar.chunk_linear_attn(q, k, v, feature_map="elu1")[0], x, poisoned, t,
                             value)
@@ -161,6 +161,6 @@ def test_tensor_core_chunk_kernels_keep_a_nonfinite_value_causal(ar, poisoned, v
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("dim", [64, 128], ids=["D64", "D128"])
 @pytest.mark.parametrize("poisoned,value,t", _bad_value_params())
-def test_tensor_core_streaming_softmax_keeps_a_nonfinite_value_causal(ar, poisoned, value, t, dim):
+def test_cuda_tensor_core_streaming_softmax_keeps_a_nonfinite_value_causal(ar, poisoned, value, t, dim):
     x = _inputs("cuda", length=200, heads=2, kv_heads=1, dim=dim, dtype=torch.bfloat16, seed=0)
     _check_tensor_core_rows(lambda q, k, v: ar.softmax.streaming_attn(q, k, v), x, poisoned, t, value)
