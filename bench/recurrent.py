@@ -4,10 +4,13 @@
         --out bench/results/recurrent_h100.json
 
 Short sequences (T <= 64, where fla's LinearAttention layer calls fused_recurrent) and long ones, at
-H16 with D = 64 and 128, normalize on and off: forward and forward+backward medians of both, after
-one untimed call each (Triton autotuning), with attnrnn's chunk_linear_attn and fla's chunk beside
-them for scale. attnrnn's recurrent form computes in fp32 throughout (its products are not rounded to
-bf16, as the tensor-core chunk kernels' are).
+H16 with D = 64 and 128, normalize on and off: forward and forward+backward, each as the median of
+at least 15 timed calls (host time included, after one untimed call: Triton autotuning) and as the
+GPU's own time (timing.gpu_ms: the call queued behind a sleep kernel, so host gaps do not count).
+attnrnn's recurrent form computes in fp32 throughout (its products are not rounded to bf16, as the
+tensor-core chunk kernels' are) on the generic kernels at the chunk GenericTiles sets
+(csrc/cuda/linear/tiles.h); up to T = 1024 the same kernels at chunks 8, 16 and 32, run through
+chunk_linear_attn(chunk_size=C), are timed beside it: the measurement behind that chunk.
 """
 import sys
 
@@ -15,16 +18,35 @@ import torch
 
 import attnrnn
 
-from .head_dims import against_fla, measure, write_results
+from .head_dims import against_fla, write_results
+from .timing import gpu_ms, median_ms
 
 # (B, T, H, D)
 SHAPES = [(4, 16, 16, 64), (4, 64, 16, 64), (4, 64, 16, 128), (32, 64, 16, 128), (4, 1024, 16, 128),
           (4, 8192, 16, 128)]
+GENERIC_CHUNKS = [8, 16, 32]
+GENERIC_CHUNKS_UP_TO_T = 1024
+
+
+def measure_host_and_gpu(op, q, k, v, do):
+    """{fwd_ms, fwd_gpu_ms, fwdbwd_ms, fwdbwd_gpu_ms} of op(q, k, v) -> o."""
+    ins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+    def fwdbwd():
+        for t in ins:
+            t.grad = None
+        op(*ins).backward(do)
+
+    with torch.no_grad():
+        fwd = lambda: op(q, k, v)
+        fwd()
+        times = dict(fwd_ms=median_ms(fwd, "cuda"), fwd_gpu_ms=gpu_ms(fwd))
+    fwdbwd()
+    return dict(times, fwdbwd_ms=median_ms(fwdbwd, "cuda"), fwdbwd_gpu_ms=gpu_ms(fwdbwd))
 
 
 def main(argv=None):
     args, fla, env = against_fla(__doc__, "bench.recurrent", argv)
-    out = args.out
     rows = []
     for B, T, H, D in SHAPES:
         gen = torch.Generator().manual_seed(0)
@@ -33,28 +55,31 @@ def main(argv=None):
             return torch.randn(B, T, H, D, generator=gen).to("cuda", torch.bfloat16)
 
         q, k, v, do = make().sigmoid(), make().sigmoid(), make() * 0.5, make()
+        shape = f"B{B}-T{T}-H{H}-D{D}"
         for normalize in (False, True):
             impls = {
-                "attnrnn_recurrent": lambda a, b, c: attnrnn.recurrent_linear_attn(a, b, c, normalize=normalize)[0],
                 "fla_fused_recurrent": lambda a, b, c: fla["fused_recurrent"](a, b, c, normalize=normalize)[0],
-                "attnrnn_chunk": lambda a, b, c: attnrnn.chunk_linear_attn(a, b, c, normalize=normalize)[0],
-                "fla_chunk": lambda a, b, c: fla["chunk"](a, b, c, normalize=normalize)[0],
+                "attnrnn_recurrent": lambda a, b, c: attnrnn.recurrent_linear_attn(a, b, c, normalize=normalize)[0],
             }
+            for C in GENERIC_CHUNKS:
+                if C < T <= GENERIC_CHUNKS_UP_TO_T:
+                    impls[f"generic_C{C}"] = (lambda C: lambda a, b, c: attnrnn.chunk_linear_attn(
+                        a, b, c, normalize=normalize, chunk_size=C)[0])(C)
             for impl, op in impls.items():
                 try:
-                    fwd, fwdbwd = measure(op, q, k, v, do)
+                    times = measure_host_and_gpu(op, q, k, v, do)
                 except Exception as e:  # one failing row must not cost the run
-                    print(f"  ERROR B{B}-T{T}-H{H}-D{D} {impl}: {type(e).__name__}: {e}"[:400], file=sys.stderr)
-                    fwd = fwdbwd = None
-                rows.append(dict(shape=f"B{B}-T{T}-H{H}-D{D}", normalize=normalize, impl=impl, fwd_ms=fwd,
-                                 fwdbwd_ms=fwdbwd))
-                f = lambda x: "       -" if x is None else f"{x:8.3f}"
-                print(f"B{B}-T{T}-H{H}-D{D:<4d} {'norm' if normalize else 'unnorm':6s} {impl:20s} fwd {f(fwd)} ms"
-                      f"  fwd+bwd {f(fwdbwd)} ms", flush=True)
+                    print(f"  ERROR {shape} {impl}: {type(e).__name__}: {e}"[:400], file=sys.stderr)
+                    times = dict(fwd_ms=None, fwd_gpu_ms=None, fwdbwd_ms=None, fwdbwd_gpu_ms=None)
+                rows.append(dict(shape=shape, normalize=normalize, impl=impl, **times))
+                f = lambda x: "      -" if x is None else f"{x:7.3f}"
+                print(f"{shape:18s} {'norm' if normalize else 'unnorm':6s} {impl:20s} fwd {f(times['fwd_ms'])} "
+                      f"({f(times['fwd_gpu_ms'])} gpu)  fwd+bwd {f(times['fwdbwd_ms'])} ({f(times['fwdbwd_gpu_ms'])} gpu)",
+                      flush=True)
         del q, k, v, do
         torch.cuda.empty_cache()
-        write_results(out, env, rows, partial=True)
-    write_results(out, env, rows)
+        write_results(args.out, env, rows, partial=True)
+    write_results(args.out, env, rows)
     return 1 if any(r["fwd_ms"] is None for r in rows) else 0
 
 

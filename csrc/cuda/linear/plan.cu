@@ -216,14 +216,12 @@ struct Rules {
 };
 
 // The generic kernels' chunk: the largest power of two <= the requested chunk and
-// <= GenericTiles::default_chunk for which fits(C) holds. The recurrent form asks for the default, or
-// the sequence where it is shorter (the kernels' loops run over whole chunks): they compute in fp32
-// (fp64) throughout whatever the chunk, and a chunk's sums are one pass of the block where one-token
-// chunks took a pass and its barriers per token (B4-T16-H16-D64 bf16 on an H100: forward
-// 0.113 -> 0.028 ms, forward+backward 0.396 -> 0.194 ms).
+// <= GenericTiles::default_chunk for which fits(C) holds. The recurrent form asks for
+// recurrent_chunk (tiles.h), or the sequence where it is shorter (the kernels' loops run over whole
+// chunks): they compute in fp32 (fp64) throughout whatever the chunk.
 template <class Fits>
-int generic_chunk(const LinearAttnFwdParams& p, bool recurrent, Fits fits) {
-  const int64_t requested = recurrent              ? std::min<int64_t>(GenericTiles::default_chunk, p.seqlen)
+int generic_chunk(const LinearAttnFwdParams& p, bool recurrent, int recurrent_chunk, Fits fits) {
+  const int64_t requested = recurrent              ? std::min<int64_t>(recurrent_chunk, p.seqlen)
                             : p.chunk_size > 0     ? p.chunk_size
                                                    : GenericTiles::default_chunk;
   int C = 1;
@@ -235,13 +233,14 @@ int generic_chunk(const LinearAttnFwdParams& p, bool recurrent, Fits fits) {
 int forward_generic_chunk(const LinearAttnFwdParams& p, bool recurrent, const DeviceInfo& device) {
   const int64_t K = p.head_dim_k, BV = std::min<int64_t>(GenericTiles::value_columns, p.head_dim_v);
   const int64_t acc = p.dtype == DType::kFloat64 ? 8 : 4;
-  return generic_chunk(p, recurrent, [&](int64_t c) { return fwd_smem(K, c, BV).total() * acc <= device.max_smem; });
+  return generic_chunk(p, recurrent, GenericTiles::recurrent_forward_chunk,
+                       [&](int64_t c) { return fwd_smem(K, c, BV).total() * acc <= device.max_smem; });
 }
 
 int backward_generic_chunk(const LinearAttnFwdParams& p, bool recurrent, const DeviceInfo& device) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v, acc = p.dtype == DType::kFloat64 ? 8 : 4;
   const int64_t BK = std::min<int64_t>(GenericTiles::key_rows, K), BV = std::min<int64_t>(GenericTiles::value_columns, V);
-  return generic_chunk(p, recurrent, [&](int64_t c) {
+  return generic_chunk(p, recurrent, GenericTiles::recurrent_backward_chunk, [&](int64_t c) {
     return dq_smem(K, V, c, BK) * acc <= device.max_smem && dk_smem(V, c, BK) * acc <= device.max_smem &&
            dv_smem(K, c, BV) * acc <= device.max_smem;
   });
