@@ -24,7 +24,7 @@ import attnrnn
 
 from . import baselines, timing
 from .__main__ import copy_bandwidth, environment
-from .timing import median_ms
+from .timing import gpu_ms, median_ms
 
 # (K, V, H): the square dims, a wide V and a narrow one
 GRID = [(32, 32, 32), (64, 64, 16), (96, 96, 16), (128, 128, 16), (192, 192, 8), (256, 256, 8), (64, 256, 8),
@@ -52,8 +52,10 @@ def floor_bytes(K, V, H, mode, element_bytes):
     return B * T * H * per_token_head * element_bytes
 
 
-def measure(op, q, k, v, do):
-    """(forward ms, forward+backward ms) of op(q, k, v) -> o."""
+def measure(op, q, k, v, do, gpu_only=False):
+    """Times of op(q, k, v) -> o, each after one untimed call (Triton autotuning): the forward (under
+    no_grad) and forward+backward, as medians of calls with their host time (fwd_ms, fwdbwd_ms) and,
+    with gpu_only, also as the GPU's own time (fwd_gpu_ms, fwdbwd_gpu_ms; timing.gpu_ms)."""
     ins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
 
     def fwdbwd():
@@ -61,11 +63,14 @@ def measure(op, q, k, v, do):
             t.grad = None
         op(*ins).backward(do)
 
-    with torch.no_grad():
-        op(q, k, v)
-        fwd = median_ms(lambda: op(q, k, v), "cuda")
-    fwdbwd()
-    return fwd, median_ms(fwdbwd, "cuda")
+    times = {}
+    for name, call, grad in (("fwd", lambda: op(q, k, v), False), ("fwdbwd", fwdbwd, True)):
+        with torch.set_grad_enabled(grad):
+            call()
+            times[f"{name}_ms"] = median_ms(call, "cuda")
+            if gpu_only:
+                times[f"{name}_gpu_ms"] = gpu_ms(call)
+    return times
 
 
 def on_mma_sync(op):
@@ -99,7 +104,8 @@ def measure_shape(K, V, H, dtype, precision, fla, bandwidth):
         times = {}
         for impl, op in impls.items():
             try:
-                times[impl] = measure(op, q, k, v, do)
+                t = measure(op, q, k, v, do)
+                times[impl] = (t["fwd_ms"], t["fwdbwd_ms"])
             except Exception as e:  # one failing shape must not cost the run
                 print(f"  ERROR K{K}-V{V} {name} {impl}: {type(e).__name__}: {e}"[:400], file=sys.stderr)
                 times[impl] = (None, None)

@@ -18,31 +18,13 @@ import torch
 
 import attnrnn
 
-from .head_dims import against_fla, write_results
-from .timing import gpu_ms, median_ms
+from .head_dims import against_fla, measure, write_results
 
 # (B, T, H, D)
 SHAPES = [(4, 16, 16, 64), (4, 64, 16, 64), (4, 64, 16, 128), (32, 64, 16, 128), (4, 1024, 16, 128),
           (4, 8192, 16, 128)]
 GENERIC_CHUNKS = [8, 16, 32]
 GENERIC_CHUNKS_UP_TO_T = 1024
-
-
-def measure_host_and_gpu(op, q, k, v, do):
-    """{fwd_ms, fwd_gpu_ms, fwdbwd_ms, fwdbwd_gpu_ms} of op(q, k, v) -> o."""
-    ins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-
-    def fwdbwd():
-        for t in ins:
-            t.grad = None
-        op(*ins).backward(do)
-
-    with torch.no_grad():
-        fwd = lambda: op(q, k, v)
-        fwd()
-        times = dict(fwd_ms=median_ms(fwd, "cuda"), fwd_gpu_ms=gpu_ms(fwd))
-    fwdbwd()
-    return dict(times, fwdbwd_ms=median_ms(fwdbwd, "cuda"), fwdbwd_gpu_ms=gpu_ms(fwdbwd))
 
 
 def main(argv=None):
@@ -67,7 +49,7 @@ def main(argv=None):
                         a, b, c, normalize=normalize, chunk_size=C)[0])(C)
             for impl, op in impls.items():
                 try:
-                    times = measure_host_and_gpu(op, q, k, v, do)
+                    times = measure(op, q, k, v, do, gpu_only=True)
                 except Exception as e:  # one failing row must not cost the run
                     print(f"  ERROR {shape} {impl}: {type(e).__name__}: {e}"[:400], file=sys.stderr)
                     times = dict(fwd_ms=None, fwd_gpu_ms=None, fwdbwd_ms=None, fwdbwd_gpu_ms=None)
