@@ -56,8 +56,33 @@ HAS_CUDA = torch.cuda.is_available()
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 DEVICES = [
     pytest.param("cpu", id="cpu"),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.requires_cuda),
 ]
+
+
+# A test that needs a CUDA device carries `pytest.mark.requires_cuda` (reason= optional): skipped
+# without one, and selected by `-k cuda`, the GPU suite's selection (scripts/gpu_suite.sh), whatever
+# its name, since -k matches marker names too. Without a GPU, collection fails for a test skipped
+# for CUDA's sake some other way that `-k cuda` would leave out, so that no CUDA test goes unrun.
+def pytest_configure(config):
+    config.addinivalue_line("markers", "requires_cuda(reason): skipped without a CUDA device; selected by -k cuda")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k deselects
+def pytest_collection_modifyitems(config, items):
+    unselected = []
+    for item in items:
+        marker = item.get_closest_marker("requires_cuda")
+        if marker is not None and not HAS_CUDA:
+            item.add_marker(pytest.mark.skip(reason=marker.kwargs.get("reason", "no CUDA device")))
+        selected = "cuda" in item.nodeid.lower() or any("cuda" in m.name for m in item.iter_markers())
+        for skip in item.iter_markers("skipif"):
+            condition = skip.args[0] if skip.args else skip.kwargs.get("condition")
+            if condition is True and "cuda" in str(skip.kwargs.get("reason", "")).lower() and not selected:
+                unselected.append(item.nodeid)
+    if unselected:
+        raise pytest.UsageError("tests skipped without CUDA that -k cuda does not select (mark them "
+                                f"requires_cuda): {unselected[:5]}")
 
 # The float64 reference must not see TF32 rounding on the GPU.
 torch.backends.cuda.matmul.allow_tf32 = False

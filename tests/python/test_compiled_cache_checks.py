@@ -71,7 +71,7 @@ CASES = [
      r"input_ids: 1 more token\(s\) do not fit in the KV cache of layer 1 \(max_len=8\) for slots \[0, 1\]"),
 ]
 PARAMS = [pytest.param(*c[1:], id=c[0]) for c in CASES]
-CUDA = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+CUDA = pytest.mark.requires_cuda
 
 
 @pytest.mark.parametrize("allocated,steps,tokens,slots,message", PARAMS)

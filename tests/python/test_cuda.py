@@ -12,7 +12,7 @@ from numerics import R2_TOL, relative_rms
 from test_nonfinite_causality import _free_rows
 from test_numerics import baselines_and_reference, check_all, compute_all
 
-pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+pytestmark = pytest.mark.requires_cuda
 
 
 bf16, fp16 = torch.bfloat16, torch.float16

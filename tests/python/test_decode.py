@@ -123,7 +123,7 @@ DUP_AS_UPDATED = [3, 1, -1, 0, -1, -1, -1]
 DUP_SHAPES = [(4, 2, 64, 64)]
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.requires_cuda
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "unnorm"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])

@@ -9,7 +9,7 @@ from cases import assert_fake_kernel_raises_like_the_op
 
 from conftest import HAS_CUDA
 
-CUDA_ONLY = pytest.mark.skipif(not HAS_CUDA, reason="needs a second device")
+CUDA_ONLY = pytest.mark.requires_cuda(reason="needs a second device")
 # Values inside device tensors (cu_seqlens offsets, state_indices rows) are checked on the CPU only:
 # reading them back would synchronize the GPU. On CUDA the kernels clamp offsets and skip rows
 # outside the pool (test_cuda.py checks that nothing is read or written out of bounds), and give

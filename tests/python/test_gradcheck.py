@@ -71,7 +71,7 @@ def test_double_backward_raises_instead_of_silent_zero(ar, op, device):
         torch.autograd.grad(dq.sum(), q)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.requires_cuda
 @pytest.mark.parametrize("q_is_leaf", [True, False], ids=["leaf-q", "computed-q"])
 def test_double_backward_on_cuda_raises_with_saved_features(ar, q_is_leaf):
     """The same where autograd saves phi(q), phi(k) instead of q and k (CUDA, bf16, elu1; without

@@ -486,7 +486,7 @@ def test_causal_lm_greedy_generation_through_fla_cache_on_cpu_matches_fla_naive(
     close(scores, ref_scores, tol=1e-4)
 
 
-cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+cuda_only = pytest.mark.requires_cuda
 
 
 @cuda_only

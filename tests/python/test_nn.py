@@ -555,7 +555,7 @@ def test_kv_lengths_on_the_host_follow_every_write(lm):
     assert pool.host_lengths() == [2, 2, 2]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="syncs are a CUDA matter")
+@pytest.mark.requires_cuda(reason="syncs are a CUDA matter")
 @pytest.mark.parametrize("layer_types", ["linear", "softmax", "hybrid"])
 def test_decoding_steps_on_cuda_do_not_synchronize(lm, layer_types):
     """After the prefill, a hybrid model's decoding steps with the same state_indices read nothing
@@ -579,7 +579,7 @@ def test_decoding_steps_on_cuda_do_not_synchronize(lm, layer_types):
     torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 5:], **TIGHT)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+@pytest.mark.requires_cuda(reason="CUDA graphs")
 def test_decoding_is_refused_inside_a_cuda_graph_capture(lm):
     """The cache's host-side bookkeeping would not follow a graph's replays: capturing a decoding
     step raises before anything is launched."""

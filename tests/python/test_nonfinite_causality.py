@@ -87,7 +87,7 @@ def _form_params(forms):
     for form in forms:
         params.append(pytest.param(form, "cpu", id=f"{form}-cpu"))
         params.append(pytest.param(form, "cuda", id=f"{form}-cuda",
-                                   marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")))
+                                   marks=pytest.mark.requires_cuda))
     return params
 
 
@@ -146,7 +146,7 @@ def _bad_value_params():
 
 # Chunks of 64 (normalize=True), 256 tokens: K = V = 64 in bf16, 96 in bf16 (tiles padded to 128 on
 # sm_90a) and 64 in fp32 (the mma.sync sweeps in 3xTF32).
-@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.requires_cuda
 @pytest.mark.parametrize("dim,dtype", [(64, torch.bfloat16), (96, torch.bfloat16), (64, torch.float32)],
                          ids=["K64-bf16", "K96-bf16", "K64-fp32"])
 @pytest.mark.parametrize("poisoned,value,t", _bad_value_params())
@@ -158,7 +158,7 @@ def test_cuda_tensor_core_chunk_kernels_keep_a_nonfinite_value_causal(ar, poison
 
 # D = Dv = 64 and 128, two query heads on one kv head, 200 tokens (blocks of 64 keys and of 128
 # queries; 200 is no multiple of either).
-@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.requires_cuda
 @pytest.mark.parametrize("dim", [64, 128], ids=["D64", "D128"])
 @pytest.mark.parametrize("poisoned,value,t", _bad_value_params())
 def test_cuda_tensor_core_streaming_softmax_keeps_a_nonfinite_value_causal(ar, poisoned, value, t, dim):

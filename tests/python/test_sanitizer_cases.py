@@ -130,7 +130,7 @@ def test_softmax_step_tour(ar, device, D):
         assert relative_rms(o[b].cpu(), r) <= 8e-3, b
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.requires_cuda
 @pytest.mark.parametrize("dtype,D", [(torch.bfloat16, 64), (torch.float32, 40)], ids=["bf16-D64", "fp32-D40"])
 def test_cuda_softmax_bad_cu_seqlens_tour(ar, dtype, D):
     """Offsets that end short of T and decrease (not read back on CUDA): every output element is

@@ -49,7 +49,7 @@ SHAPES_CUDA = [
     (3, 65, 65, 2, 2, 64, 64, 1.0),
     (1, 4224, 4224, 2, 2, 128, 128, 1.0),
 ]
-_CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+_CUDA_ONLY = pytest.mark.requires_cuda
 
 
 def _shape_id(device, shape, dtype, causal=True):
