@@ -5,7 +5,7 @@
 
 Short sequences (T <= 64, where fla's LinearAttention layer calls fused_recurrent) and long ones, at
 H16 with D = 64 and 128, normalize on and off: forward and forward+backward, each as the median of
-at least 15 timed calls (host time included, after one untimed call: Triton autotuning) and as the
+at least 15 timed calls (3 with --quick; host time included, after one untimed call: Triton autotuning) and as the
 GPU's own time (timing.gpu_ms: the call queued behind a sleep kernel, so host gaps do not count).
 attnrnn's recurrent form computes in fp32 throughout (its products are not rounded to bf16, as the
 tensor-core chunk kernels' are) on the generic kernels at the chunk GenericTiles sets

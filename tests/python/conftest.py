@@ -74,7 +74,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         marker = item.get_closest_marker("requires_cuda")
         if marker is not None and not HAS_CUDA:
-            item.add_marker(pytest.mark.skip(reason=marker.kwargs.get("reason", "no CUDA device")))
+            reason = marker.args[0] if marker.args else marker.kwargs.get("reason", "no CUDA device")
+            item.add_marker(pytest.mark.skip(reason=reason))
+        if HAS_CUDA:
+            continue
         selected = "cuda" in item.nodeid.lower() or any("cuda" in m.name for m in item.iter_markers())
         for skip in item.iter_markers("skipif"):
             condition = skip.args[0] if skip.args else skip.kwargs.get("condition")
@@ -83,6 +86,7 @@ def pytest_collection_modifyitems(config, items):
     if unselected:
         raise pytest.UsageError("tests skipped without CUDA that -k cuda does not select (mark them "
                                 f"requires_cuda): {unselected[:5]}")
+
 
 # The float64 reference must not see TF32 rounding on the GPU.
 torch.backends.cuda.matmul.allow_tf32 = False

@@ -63,11 +63,12 @@ struct WgmmaGradKvTiles {
 // columns and 32 key rows per block keep them busy for K, V >= 64; the chunk is the largest power of
 // two <= the requested one (64 by default) whose tiles fit in shared memory (32 at K = 256 in fp32).
 //
-// The recurrent form runs them on 16-token chunks, forward and backward (bf16, H16, on an H100,
-// forward+backward against 64-token chunks: B32-T64-D128 7.97 -> 2.65 ms, B4-T1024-D128 16.6 -> 8.2,
-// B4-T8192-D128 133 -> 66). 8 and 32 against 16 (bench/recurrent.py): 32's forward is 6-9% faster at
-// B4 and 20% slower at B32, its forward+backward 20-70% slower everywhere; 8's forward+backward is 4-12%
-// faster at B32-T64 and B4-T16 unnormalized, 4-23% slower elsewhere.
+// The recurrent form runs them on 16-token chunks, forward and backward: bf16, H16, on an H100
+// (bench/recurrent.py), forward+backward at B32-T64-D128 2.65 ms, B4-T1024-D128 8.2, B4-T8192-D128 66,
+// where 64-token chunks measured 7.97, 16.6 and 133 (--quick, 3 timings per median). 8 and 32 against
+// 16 in one process (times with the host's): 32's forward is 6-9% faster at B4 and 16-21% slower at
+// B32, its forward+backward 20-70% slower everywhere; 8's forward+backward is 4-11% faster at B32-T64
+// and B4-T16 unnormalized, 4-23% slower elsewhere.
 struct GenericTiles {
   static constexpr int threads = 256, value_columns = 64, key_rows = 32, default_chunk = 64;
   static constexpr int recurrent_forward_chunk = 16, recurrent_backward_chunk = 16;
@@ -82,8 +83,8 @@ struct GenericTiles {
 // every block slot once, with at least 16 chunks each: on wgmma, forced 2 to 6 segments were slower
 // at every shape, and at B1-T65536 the rule's 8 (641 us) beat 4 or 6 (783-791). The padded DI = 256
 // sweeps (one block per SM) too: K = V = 192 and 256 at B4-T8192-H8 (96 and 128 blocks), forced 2 to 8
-// segments took 3.87-7.62 ms forward+backward against 3.44-3.54 unsplit on an H100 (normalized, all
-// slower but K = 192's 4, which tied: 5.22 against 5.24). `forced` > 0
+// segments took 3.87-7.62 ms forward+backward unnormalized against 3.44-3.54 unsplit on an H100;
+// normalized, all were slower but K = 192's 4, which tied (5.22 against 5.24). `forced` > 0
 // replaces the slot count (testing::PlanOverride).
 inline int split_segments(int64_t blocks, int per_sm, int64_t seqlen, int sm_count, int forced) {
   const int64_t slots = int64_t(sm_count) * per_sm;
