@@ -4,6 +4,9 @@ PyTorch's float32 matmul precisions "highest" and "high", in one process.
     python -m bench.head_dims --fla .whl/fla_core-0.6.0-py3-none-any.whl \\
         --out bench/results/head_dims_h100.json
 
+A call too short for the whole grid measures part of it (--only RUN,RUN) into the same file
+(--append keeps the file's rows of the other runs; "partial" stays true while a run has none).
+
 Per (K, V) at B4-T8192 (H16 for dims up to 128, H32 at 32, H8 past 128), normalize on and off:
 forward and forward+backward medians of both, after one untimed call each (Triton autotuning), the
 speed-up over fla and the share of the memory floor: q, k, v read and o written forward; with the
@@ -168,25 +171,50 @@ def run_name(K, V, dtype, precision):
     return ("bf16" if dtype == torch.bfloat16 else f"fp32-{precision}") + f"-K{K}-V{V}"
 
 
+def row_run_name(row):
+    """The run (run_name) a result row belongs to."""
+    return f"{row['dtype']}-K{row['K']}-V{row['V']}"
+
+
+def appended(previous, env, rows):
+    """(env, rows) of a results file that keeps previous's rows of the runs `rows` does not measure,
+    with each command and copy rate: a grid measured in several calls, one file."""
+    if previous["env"].get("gpu") != env.get("gpu"):
+        raise SystemExit(f"--append: the file was measured on {previous['env'].get('gpu')}, this is {env.get('gpu')}")
+    measured = {row_run_name(r) for r in rows}
+    as_list = lambda x: x if isinstance(x, list) else [x]
+    merged_env = dict(env, command=as_list(previous["env"]["command"]) + [env["command"]],
+                      copy_TBps=as_list(previous["env"]["copy_TBps"]) + [env["copy_TBps"]])
+    return merged_env, [r for r in previous["rows"] if row_run_name(r) not in measured] + rows
+
+
 def main(argv=None):
     runs = [(K, V, H, torch.bfloat16, None) for K, V, H in GRID]
     runs += [(K, V, H, torch.float32, precision) for precision in FP32_PRECISIONS for K, V, H in FP32_GRID]
     names = [run_name(K, V, dtype, precision) for K, V, _, dtype, precision in runs]
 
-    def only(parser):
+    def options(parser):
         parser.add_argument("--only", type=lambda s: s.split(","), default=None,
                             help="comma-separated runs, of " + ", ".join(names))
+        parser.add_argument("--append", action="store_true",
+                            help="keep the --out file's rows of the runs not measured now (same GPU)")
 
-    args, fla, env = against_fla(__doc__, "bench.head_dims", argv, only)
+    args, fla, env = against_fla(__doc__, "bench.head_dims", argv, options)
     if args.only is not None:
         unknown = sorted(set(args.only) - set(names))
         if unknown:
             raise SystemExit(f"--only: unknown runs {unknown}; known: {names}")
         runs = [r for r, name in zip(runs, names) if name in args.only]
     out = args.out
+    previous = json.loads(Path(out).read_text()) if args.append and Path(out).exists() else None
     bandwidth = copy_bandwidth("cuda")
     env["copy_TBps"] = bandwidth / 1e12
     rows = []
+
+    def write():  # partial while any run of the grid has no rows
+        file_env, file_rows = appended(previous, env, rows) if previous is not None else (env, rows)
+        write_results(out, file_env, file_rows, partial=bool(set(names) - {row_run_name(r) for r in file_rows}))
+
     before = torch.get_float32_matmul_precision()
     for K, V, H, dtype, precision in runs:
         torch.set_float32_matmul_precision(precision or before)
@@ -195,8 +223,8 @@ def main(argv=None):
         finally:
             torch.set_float32_matmul_precision(before)
         torch.cuda.empty_cache()
-        write_results(out, env, rows, partial=True)
-    write_results(out, env, rows)
+        write()
+    write()
     print(markdown_table(rows))
     return 1 if any(r["attnrnn_ms"] is None for r in rows) else 0
 
