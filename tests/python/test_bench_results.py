@@ -1,0 +1,60 @@
+"""The published benchmark results: every file in bench/results is described in its README, and a
+head-dim grid measured over several calls (bench.head_dims --append) keeps one file per GPU."""
+import json
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in RESULTS.iterdir() if p.name != "README.md"))
+def test_every_results_file_is_described_in_the_results_readme(name):
+    assert f"`{name}`" in (RESULTS / "README.md").read_text()
+
+
+@pytest.fixture
+def head_dims(ar):
+    sys.path.insert(0, str(ROOT))
+    try:
+        import bench.head_dims as module
+    finally:
+        sys.path.remove(str(ROOT))
+    return module
+
+
+def _row(run, K, V, normalize, mode, ms):
+    return dict(dtype=run, K=K, V=V, normalize=normalize, mode=mode, attnrnn_ms=ms)
+
+
+def _file(gpu="GPU-A"):
+    rows = [_row(dtype, K, V, n, m, 1.0) for dtype, K, V in [("bf16", 64, 64), ("bf16", 32, 32), ("fp32-high", 64, 64)]
+            for n in (False, True) for m in ("fwd", "fwd+bwd")]
+    return {"env": {"gpu": gpu, "command": "first", "copy_TBps": 3.0, "partial": True}, "rows": rows}
+
+
+def test_append_replaces_the_measured_runs_and_keeps_the_others(head_dims):
+    new = [_row("bf16", 64, 64, n, m, 2.0) for n in (False, True) for m in ("fwd", "fwd+bwd")]
+    env, rows = head_dims.appended(_file(), {"gpu": "GPU-A", "command": "second", "copy_TBps": 2.9}, new)
+    runs = [head_dims.row_run_name(r) for r in rows]
+    assert sorted(set(runs)) == ["bf16-K32-V32", "bf16-K64-V64", "fp32-high-K64-V64"] and len(rows) == 12
+    assert all(r["attnrnn_ms"] == (2.0 if head_dims.row_run_name(r) == "bf16-K64-V64" else 1.0) for r in rows)
+    assert env["command"] == ["first", "second"] and env["copy_TBps"] == [3.0, 2.9]
+    assert "partial" not in env  # the writer decides from the rows
+
+
+def test_append_refuses_a_file_from_another_gpu(head_dims):
+    with pytest.raises(SystemExit, match="GPU-A"):
+        head_dims.appended(_file("GPU-A"), {"gpu": "GPU-B", "command": "x", "copy_TBps": 1.0}, [])
+
+
+def test_published_head_dims_rows_belong_to_the_grid(head_dims):
+    import torch
+    names = {head_dims.run_name(K, V, torch.bfloat16, None) for K, V, _ in head_dims.GRID}
+    names |= {head_dims.run_name(K, V, torch.float32, p) for p in head_dims.FP32_PRECISIONS for K, V, _ in head_dims.FP32_GRID}
+    published = json.loads((RESULTS / "head_dims_h100.json").read_text())
+    runs = {head_dims.row_run_name(r) for r in published["rows"]}
+    assert runs <= names
+    assert published["env"].get("partial", False) == bool(names - runs)
