@@ -217,11 +217,11 @@ struct Rules {
 
 // The generic kernels' chunk: the largest power of two <= the requested chunk and
 // <= GenericTiles::default_chunk for which fits(C) holds. The recurrent form asks for
-// recurrent_chunk (tiles.h), or the sequence where it is shorter (the kernels' loops run over whole
+// GenericTiles::recurrent_chunk, or the sequence where it is shorter (the kernels' loops run over whole
 // chunks): they compute in fp32 (fp64) throughout whatever the chunk.
 template <class Fits>
-int generic_chunk(const LinearAttnFwdParams& p, bool recurrent, int recurrent_chunk, Fits fits) {
-  const int64_t requested = recurrent              ? std::min<int64_t>(recurrent_chunk, p.seqlen)
+int generic_chunk(const LinearAttnFwdParams& p, bool recurrent, Fits fits) {
+  const int64_t requested = recurrent              ? std::min<int64_t>(GenericTiles::recurrent_chunk, p.seqlen)
                             : p.chunk_size > 0     ? p.chunk_size
                                                    : GenericTiles::default_chunk;
   int C = 1;
@@ -233,14 +233,13 @@ int generic_chunk(const LinearAttnFwdParams& p, bool recurrent, int recurrent_ch
 int forward_generic_chunk(const LinearAttnFwdParams& p, bool recurrent, const DeviceInfo& device) {
   const int64_t K = p.head_dim_k, BV = std::min<int64_t>(GenericTiles::value_columns, p.head_dim_v);
   const int64_t acc = p.dtype == DType::kFloat64 ? 8 : 4;
-  return generic_chunk(p, recurrent, GenericTiles::recurrent_forward_chunk,
-                       [&](int64_t c) { return fwd_smem(K, c, BV).total() * acc <= device.max_smem; });
+  return generic_chunk(p, recurrent, [&](int64_t c) { return fwd_smem(K, c, BV).total() * acc <= device.max_smem; });
 }
 
 int backward_generic_chunk(const LinearAttnFwdParams& p, bool recurrent, const DeviceInfo& device) {
   const int64_t K = p.head_dim_k, V = p.head_dim_v, acc = p.dtype == DType::kFloat64 ? 8 : 4;
   const int64_t BK = std::min<int64_t>(GenericTiles::key_rows, K), BV = std::min<int64_t>(GenericTiles::value_columns, V);
-  return generic_chunk(p, recurrent, GenericTiles::recurrent_backward_chunk, [&](int64_t c) {
+  return generic_chunk(p, recurrent, [&](int64_t c) {
     return dq_smem(K, V, c, BK) * acc <= device.max_smem && dk_smem(V, c, BK) * acc <= device.max_smem &&
            dv_smem(K, c, BV) * acc <= device.max_smem;
   });

@@ -63,7 +63,7 @@ struct WgmmaGradKvTiles {
 // columns and 32 key rows per block keep them busy for K, V >= 64; the chunk is the largest power of
 // two <= the requested one (64 by default) whose tiles fit in shared memory (32 at K = 256 in fp32).
 //
-// The recurrent form runs them on 16-token chunks, forward and backward: bf16, H16, on an H100
+// The recurrent form runs them on 16-token chunks (recurrent_chunk), forward and backward: bf16, H16, on an H100
 // (bench/recurrent.py), forward+backward at B32-T64-D128 2.65 ms, B4-T1024-D128 8.2, B4-T8192-D128 66,
 // where 64-token chunks measured 7.97, 16.6 and 133 (--quick, 3 timings per median). 8 and 32 against
 // 16 in one process (times with the host's): 32's forward is 6-9% faster at B4 and 16-21% slower at
@@ -71,7 +71,7 @@ struct WgmmaGradKvTiles {
 // and B4-T16 unnormalized, 4-23% slower elsewhere.
 struct GenericTiles {
   static constexpr int threads = 256, value_columns = 64, key_rows = 32, default_chunk = 64;
-  static constexpr int recurrent_forward_chunk = 16, recurrent_backward_chunk = 16;
+  static constexpr int recurrent_chunk = 16;
 };
 
 // ---- shape rules ----------------------------------------------------------------------------------
