@@ -188,10 +188,15 @@ def appended(previous, env, rows):
     return merged_env, [r for r in previous["rows"] if row_run_name(r) not in measured] + rows
 
 
-def main(argv=None):
+def grid_runs():
+    """Every run of the grid, (K, V, H, dtype, precision), and its run_name."""
     runs = [(K, V, H, torch.bfloat16, None) for K, V, H in GRID]
     runs += [(K, V, H, torch.float32, precision) for precision in FP32_PRECISIONS for K, V, H in FP32_GRID]
-    names = [run_name(K, V, dtype, precision) for K, V, _, dtype, precision in runs]
+    return runs, [run_name(K, V, dtype, precision) for K, V, _, dtype, precision in runs]
+
+
+def main(argv=None):
+    runs, names = grid_runs()
 
     def options(parser):
         parser.add_argument("--only", type=lambda s: s.split(","), default=None,
