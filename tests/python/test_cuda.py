@@ -41,8 +41,8 @@ def test_tensor_core_path_meets_rules(ar, ref, case):
 
 
 # Head dims other than 64 and 128 on the 64-token wgmma sweeps, their tiles padded with zeros (tiles.h,
-# padded_dims): inner dims below 64, between 64 and 128 and past 128 (DI = 256), output dims that end
-# inside a 64-column tile, K != V both ways, split sweeps (few blocks, long sequences), varlen, GQA,
+# padded_dims): inner dims below 64, between 64 and 128, up to 192 (DI = 192) and past it (DI = 256),
+# output dims that end inside a 64-column tile, K != V both ways, split sweeps (few blocks, long sequences), varlen, GQA,
 # states, every feature map, both normalize modes.
 PADDED_CASES = [
     Case(2, 300, 4, 32, bf16, initial_state=True, final_state=True),
@@ -61,6 +61,7 @@ PADDED_CASES = [
          initial_state=True, final_state=True),
     Case(2, 257, 2, 64, bf16, V=256, feature_map=None),
     Case(1, 4100, 2, 200, bf16, V=136, initial_state=True, final_state=True),
+    Case(1, 4100, 2, 160, bf16, Hkv=1, V=176, initial_state=True, final_state=True),
 ]
 
 
@@ -464,6 +465,19 @@ def test_padded_head_dims_run_on_the_wgmma_sweeps(ar, K, V):
     names = _kernels_of_a_forward_backward(ar, Case(1, 8192, 2, K, bf16, V=V, feature_map=None))
     assert _roles_of("wgmma_scan_kernel", names) == {0, 1, 2, 3}, names
     assert _roles_of("segment_state_kernel", names) == {0, 1, 2, 3}, names
+
+
+# A padded sweep's tiles cover the least inner dim of 64, 128, 192 and 256 that holds the real one
+# (tiles.h, padded_inner_dim): the forward's and dv's over K, dq's and dk's over V.
+@WGMMA
+@pytest.mark.parametrize("K,V,forward_inner,backward_inner",
+                         [(32, 96, 64, 128), (136, 192, 192, 192), (192, 200, 192, 256), (256, 160, 256, 192)],
+                         ids=["K32-V96", "K136-V192", "K192-V200", "K256-V160"])
+def test_padded_sweeps_take_the_least_inner_dim_that_holds_the_head_dim(ar, K, V, forward_inner, backward_inner):
+    names = _kernels_of_a_forward_backward(ar, Case(1, 300, 2, K, bf16, V=V, feature_map=None))
+    inner = {int(m.group(1)): int(m.group(2)) for n in names if "wgmma_scan_kernel" in n
+             for m in [re.search(r"ScanRole\)(\d), (\d+),", n)] if m}
+    assert inner == {0: forward_inner, 1: backward_inner, 2: backward_inner, 3: forward_inner}, names
 
 
 # relu is applied by the wgmma sweeps to their own q and k tiles; elu1 takes a feature pass (its exp in

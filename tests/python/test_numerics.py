@@ -17,6 +17,7 @@ SWEEP = [
     Case(2, 65, 2, 100, fp32, V=60, feature_map="relu", normalize=False),
     Case(1, 65, 1, 256, fp32, feature_map=None, normalize=False, initial_state=True, final_state=True),
     Case(1, 130, 2, 128, bf16, V=256, feature_map="relu", initial_state=True),
+    Case(1, 130, 2, 176, bf16, V=160, initial_state=True, final_state=True),
     Case(1, 1000, 4, 64, bf16, Hkv=1),
     Case(1, 1000, 2, 16, fp16, feature_map=None, normalize=False, final_state=True),
     Case(1, 4224, 1, 128, bf16, initial_state=True, final_state=True),

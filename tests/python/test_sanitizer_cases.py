@@ -29,10 +29,11 @@ CASES = [
     Case(1, 2048, 1, 128, torch.bfloat16, feature_map=None, normalize=False),
     # 128 blocks per sweep: every sweep on 128-token chunks (wgmma_pair_scan_kernel) on a GPU of 128 to 255 SMs
     Case(16, 130, 4, 128, torch.bfloat16, initial_state=True, final_state=True),
-    # padded dims on sm_90a (zeros past the real columns of DI = 128 and 256 tiles, output tiles partly
-    # written), with GQA and states
+    # padded dims on sm_90a (zeros past the real columns of DI = 128, 192 and 256 tiles, output tiles
+    # partly written), with GQA and states
     Case(1, 150, 4, 96, torch.bfloat16, Hkv=2, V=80, initial_state=True, final_state=True),
     Case(2, 100, 2, 192, torch.float16, V=136, feature_map="relu", normalize=False),
+    Case(1, 100, 2, 256, torch.bfloat16, V=200, initial_state=True, final_state=True),
     # fp32 at K = V = 128 with normalize: the mma.sync sweeps in 3xTF32 (PyTorch's default precision)
     # and the weights pass
     Case(1, 130, 2, 128, torch.float32, initial_state=True, final_state=True),

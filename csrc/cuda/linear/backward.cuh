@@ -28,8 +28,9 @@ namespace attnrnn::cuda {
 // the rest), fewer where there are fewer rows.
 template <class T>
 Status launch_grad_weights(const ChunkPlan& plan, const ChunkArgs& p) {
-  // padded value dims run as 64, 128 or 256 lanes' worth (padded_inner_dim), those past V adding zeros
-  const int64_t V = padded_inner_dim(p.head_dim_v), rows = p.batch * p.seqlen * p.num_heads;
+  // padded value dims run as 64, 128 or 256 lanes' worth, those past V adding zeros
+  const int64_t V = p.head_dim_v <= 64 ? 64 : p.head_dim_v <= 128 ? 128 : 256;
+  const int64_t rows = p.batch * p.seqlen * p.num_heads;
   const int64_t lanes = V / kPieceElems<T>;  // per row: grad_weights_lanes<T, V>()
   const int64_t rows_per_block = (kDdThreads / 32) * (32 / lanes) * kDdUnroll;
   const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, int64_t(sm_count()) * 8);

@@ -110,13 +110,26 @@ struct Rules {
   // a sweep of role r pads its tiles: its inner dim is not 64 or 128, or its output dim not a multiple of 64
   bool padded(Role r) const { return !dim_64_or_128(inner_dim(p, r)) || output_dim(p, r) % 64 != 0; }
   int padded_inner(Role r) const { return padded_inner_dim(inner_dim(p, r)); }
-  static int wgmma_blocks_per_sm(int inner) {
-    return inner == 64 ? WgmmaTiles<64>::blocks_per_sm
-                       : inner == 128 ? WgmmaTiles<128>::blocks_per_sm : WgmmaTiles<256>::blocks_per_sm;
+  // the 64-token wgmma tiles of (padded) inner dim `inner` (tiles.h): blocks per SM, partial floats
+  struct WgmmaTile {
+    int per_sm;
+    int64_t partial_floats;
+  };
+  template <int DI>
+  static WgmmaTile wgmma_tile_of() {
+    return WgmmaTile{WgmmaTiles<DI>::blocks_per_sm, WgmmaTiles<DI>::partial_floats};
+  }
+  static WgmmaTile wgmma_tile(int inner) {
+    switch (inner) {
+      case 64: return wgmma_tile_of<64>();
+      case 128: return wgmma_tile_of<128>();
+      case 192: return wgmma_tile_of<192>();
+      default: return wgmma_tile_of<256>();
+    }
   }
   int64_t wgmma_blocks(Role r) const { return kv_blocks() * ((output_dim(p, r) + 63) / 64); }
   int wgmma_segments(Role r) const {
-    return segments(wgmma_blocks(r), wgmma_blocks_per_sm(padded_inner(r)));
+    return segments(wgmma_blocks(r), wgmma_tile(padded_inner(r)).per_sm);
   }
   int pair_segments(Role r) const { return segments(wgmma_blocks(r), WgmmaPairTiles::blocks_per_sm); }
   bool pairs(Role r) const {
@@ -170,10 +183,7 @@ struct Rules {
       const MmaTile t = mma_tile(s.inner);
       return s.segments * kv_blocks() * (output_dim(p, r) / t.columns) * t.partial_floats;
     }
-    const int64_t floats = s.inner == 64    ? WgmmaTiles<64>::partial_floats
-                           : s.inner == 128 ? WgmmaTiles<128>::partial_floats
-                                            : WgmmaTiles<256>::partial_floats;
-    return s.segments * wgmma_blocks(r) * floats;
+    return s.segments * wgmma_blocks(r) * wgmma_tile(s.inner).partial_floats;
   }
 
   // Where the forward keeps its segment states for the backward's dq sweep: without the normalizer,

@@ -150,6 +150,7 @@ Status run_padded_wgmma_sweep(const Sweep& sweep, const ChunkArgs& p, const Scan
 #define ATTNRNN_PADDED_SWEEPS_OF(PREFIX, T, R, N) \
   ATTNRNN_PADDED_SWEEP(PREFIX, T, R, 64, N)       \
   ATTNRNN_PADDED_SWEEP(PREFIX, T, R, 128, N)      \
+  ATTNRNN_PADDED_SWEEP(PREFIX, T, R, 192, N)      \
   ATTNRNN_PADDED_SWEEP(PREFIX, T, R, 256, N)
 #define ATTNRNN_PADDED_FORWARD(PREFIX, T) ATTNRNN_PADDED_SWEEPS_OF(PREFIX, T, ScanRole::kForward, true) \
   ATTNRNN_PADDED_SWEEPS_OF(PREFIX, T, ScanRole::kForward, false)
@@ -199,6 +200,7 @@ Status run_planned_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatu
         if (sweep.padded)
           return sweep.inner == 64    ? run_padded_wgmma_sweep<T, R, 64, WithNormalizer>(sweep, p, feat, what)
                  : sweep.inner == 128 ? run_padded_wgmma_sweep<T, R, 128, WithNormalizer>(sweep, p, feat, what)
+                 : sweep.inner == 192 ? run_padded_wgmma_sweep<T, R, 192, WithNormalizer>(sweep, p, feat, what)
                                       : run_padded_wgmma_sweep<T, R, 256, WithNormalizer>(sweep, p, feat, what);
         return sweep.inner == 64 ? run_wgmma_sweep<T, R, 64, WithNormalizer>(sweep, p, feat, what)
                                  : run_wgmma_sweep<T, R, 128, WithNormalizer>(sweep, p, feat, what);

@@ -36,12 +36,13 @@ struct MmaTiles {
 // - 64 output columns: the products are m64n64, and q and k are read once per 64 columns;
 // - 3 blocks per SM at DI = 64 (65 KiB, <= 170 registers), 2 at DI = 128 (113 KiB, no slack: one
 //   more KiB would leave one block) and for the fused dk + dv sweep at K = V = 64 (81 KiB); 1 at
-//   DI = 256 (the padded inner dims past 128: 210 KiB, and the state alone 128 registers);
+//   DI = 192 and 256 (the padded inner dims past 128: 162 and 210 KiB, the state alone 96 and 128
+//   registers);
 // - 2 cp.async stages: the prototype measured 2, 3 and 4 equal.
 template <int DI, bool kGradKv = false>
 struct WgmmaTiles {
   static constexpr int columns = 64;
-  static constexpr int blocks_per_sm = DI == 64 && !kGradKv ? 3 : DI == 256 ? 1 : 2;
+  static constexpr int blocks_per_sm = DI == 64 && !kGradKv ? 3 : DI > 128 ? 1 : 2;
   static constexpr int stages = 2;
   // a block's pass-1 partial: S [DI][64], then z on max(DI, 64); the pair and fused sweeps' too
   static constexpr int64_t partial_floats = DI * 64 + (DI > 64 ? DI : 64);
@@ -112,21 +113,22 @@ inline bool pairs_sweep(bool forward, bool normalize, bool bf16, int64_t blocks,
 }
 
 // Head dims other than K in {64, 128} (and V in {64, 128} in the backward, V % 64 == 0 in the forward)
-// run on the 64-token wgmma sweep with its tiles padded: zeros loaded past the real columns (DI = 64
-// for an inner dim <= 64, 128 up to 128, else 256; output dims in 64-column tiles, the last one
+// run on the 64-token wgmma sweep with its tiles padded: zeros loaded past the real columns (DI: the
+// least of 64, 128, 192 and 256 that holds the inner dim; output dims in 64-column tiles, the last one
 // partly written). The zeros add nothing to any product, so the sums are those of the real dims. Any
 // multiple of 8 (cp.async's 16-byte pieces) up to 256, and the forward's V any multiple of 8: its
 // output tiles are independent. sm_90a only: elsewhere these shapes run the generic kernels.
 // Forward+backward at B4-T8192 on an H100 against fla's chunk: K = V = 32 (H32) and 96 (H16) 1.3-3.3x
-// fla at 20-35% of the memory floor; K = V = 192 (H8, DI = 256: one warpgroup per SM, 96 blocks)
-// 3.8 / 5.5 ms, 0.92-1.02x fla at 7-10% of the floor, latency-bound.
+// fla at 20-35% of the memory floor. DI = 192 exists for the state's registers: K = V = 192 (H8, 96
+// blocks of one warpgroup per SM) padded to 256 took 3.78 / 5.52 ms unnormalized / normalized, its
+// sweeps at 255 registers spilling 300-700 bytes; on DI = 192 (0-124 bytes) 1.50 / 2.16 ms.
 inline bool padded_dims(int64_t K, int64_t V, bool backward) {
   const bool k = K > 0 && K <= 256 && K % 8 == 0;
   const bool v = V > 0 && V % 8 == 0 && (!backward || V <= 256);
   return k && v;
 }
 // The padded sweeps' inner dim DI for a real inner dim.
-inline int padded_inner_dim(int64_t inner) { return inner <= 64 ? 64 : inner <= 128 ? 128 : 256; }
+inline int padded_inner_dim(int64_t inner) { return inner <= 64 ? 64 : inner <= 128 ? 128 : inner <= 192 ? 192 : 256; }
 
 // dk and dv at K = V = 128 without the normalizer as one sweep of two warpgroups (WgmmaGradKvTiles)
 // that reads q, k, v and dout once for both (six tensors of traffic for eight): where its (sequence,

@@ -28,7 +28,7 @@ struct WgmmaLayout {
   static constexpr int64_t smem_bytes = int64_t(stages) * stage + 2 * KT * kWgTileBytes + floats * 4;
   static constexpr int64_t partial_floats = WgmmaTiles<DI>::partial_floats;  // S [DI][64], then z
   static_assert(partial_floats == DI * 64 + z_floats, "the partial holds S, then z");
-  static_assert(DI == 64 || DI == 128 || DI == 256, "inner dim 64, 128 or 256");
+  static_assert(DI % 64 == 0 && DI <= 256, "inner dim 64, 128, 192 or 256");
   static_assert(!kFourTiles || DI == 64, "the fused dk + dv sweep is for K = V = 64");
   // 228 KiB per SM on sm_90, and 1 KiB of each block's is reserved by the system
   static_assert(min_blocks * (smem_bytes + 1024) <= 228 * 1024, "min_blocks blocks must fit on an SM");
