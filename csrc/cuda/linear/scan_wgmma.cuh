@@ -243,15 +243,18 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
       if constexpr (Info::group_sum) wg_hold(O);  // O carries the group's sum from earlier heads
       if constexpr (kDkv) wg_hold(O2);
       // Stages: P; A S (fresh outputs), running while P is masked; P Cv; the state's update, running
-      // while the epilogue writes O (DI = 128). No stage's accumulators are touched while it runs,
+      // while the epilogue writes O (DI >= 128). No stage's accumulators are touched while it runs,
       // and the update's stage ends inside its branch: otherwise ptxas serializes the products
-      // (C7515, seen when that stage ended after the branch).
+      // (C7515, seen when that stage ended after the branch). At DI = 256 the state alone takes 128
+      // registers, and A S running beside P and its packed copy spilled 300-700 bytes in every
+      // sweep: there A S joins P Cv's stage, after the mask (kStateProductFirst).
+      constexpr bool kStateProductFirst = DI <= 192 || !(kFwd || kDq);
       wg_fence();
       wg_scores<T, DI>(P, At, Bt);
       wg_commit();
       wg_wait_all();
       wg_hold(P);
-      if (fresh_output) {
+      if (kStateProductFirst && fresh_output) {
         wg_fence();
         wg_state_product<T, DI>(O, At, Sh, Sl);
         if constexpr (kDkv) wg_state_product<T, D, true>(O2, Vt, Sh, Sl);  // dk's V S^T
@@ -279,18 +282,28 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
           }
       };
       mask_scores(kDk);
-      wg_wait_all();  // A S
-      wg_hold(O);
-      if constexpr (kDkv) wg_hold(O2);
-      if constexpr (kDq || kDk || kDkv) {
-        if (normalizes<WithNormalizer>(p) && fresh_output) {  // O += (dd_t / w_t) z (dq) or dz (dk), output columns
-          float(&dz_target)[32] = kDkv ? O2 : O;
+      // O += (dd_t / w_t) z (dq) or dz (dk), output columns, once A S is in
+      auto add_z_terms = [&]() {
+        if constexpr (kDq || kDk || kDkv) {
+          if (normalizes<WithNormalizer>(p) && fresh_output) {
+            float(&dz_target)[32] = kDkv ? O2 : O;
 #pragma unroll
-          for (int e = 0; e < 32; ++e) dz_target[e] += (kDq ? dq_dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(tid, e)];
+            for (int e = 0; e < 32; ++e) dz_target[e] += (kDq ? dq_dd[(e >> 1) & 1] : 1.f) * z[wg_acc_col(tid, e)];
+          }
         }
+      };
+      if constexpr (kStateProductFirst) {
+        wg_wait_all();  // A S
+        wg_hold(O);
+        if constexpr (kDkv) wg_hold(O2);
+        add_z_terms();
       }
-      // P Cv; in the fused sweep, dk's scores P = V dout^T join its stage (P is free, pa still read)
+      // P Cv (after A S where that waited: kStateProductFirst); in the fused sweep, dk's scores
+      // P = V dout^T join its stage (P is free, pa still read)
       auto pv = [&]() {
+        if constexpr (!kStateProductFirst) {
+          if (fresh_output) wg_state_product<T, DI>(O, At, Sh, Sl);
+        }
         wg_scores_times<T>(O, pa, Ct);
         if constexpr (kDkv) wg_scores<T, D>(P, Vt, Ct);
       };
@@ -303,6 +316,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
       wg_commit();
       wg_wait_all();
       wg_hold(O);
+      if constexpr (!kStateProductFirst) add_z_terms();
       if constexpr (kDkv) {  // ---- dk: mask P (+ dd_t), O' += P Q --------------------------------
         wg_hold(P);
         mask_scores(true);
@@ -352,7 +366,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
       };
       // At DI >= 128 the epilogue runs while S += B^T Cv does; at DI = 64 its second copy (one per
       // branch) made the forward spill 64 bytes instead of 8 under the 3-blocks-per-SM budget.
-      constexpr bool kEpilogueInShadow = DI >= 128;
+      constexpr bool kEpilogueInShadow = DI >= 128 && (DI <= 192 || !(kFwd || kDq));
       if (update) {
         wg_fence();
         wg_update_state<T, KT>(S, Bt, Ct);
