@@ -121,7 +121,8 @@ inline bool pairs_sweep(bool forward, bool normalize, bool bf16, int64_t blocks,
 // Forward+backward at B4-T8192 on an H100 against fla's chunk: K = V = 32 (H32) and 96 (H16) 1.3-3.3x
 // fla at 20-35% of the memory floor. DI = 192 exists for the state's registers: K = V = 192 (H8, 96
 // blocks of one warpgroup per SM) padded to 256 took 3.78 / 5.52 ms unnormalized / normalized, its
-// sweeps at 255 registers spilling 300-700 bytes; on DI = 192 (0-124 bytes) 1.50 / 2.16 ms.
+// sweeps at 255 registers spilling 300-700 bytes; on DI = 192 (0-124 bytes) 1.47 / 2.17 ms
+// (bench/results/head_dims_h100.json).
 inline bool padded_dims(int64_t K, int64_t V, bool backward) {
   const bool k = K > 0 && K <= 256 && K % 8 == 0;
   const bool v = V > 0 && V % 8 == 0 && (!backward || V <= 256);
