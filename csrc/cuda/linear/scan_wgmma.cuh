@@ -1,6 +1,6 @@
 // Chunkwise causal linear attention on warpgroup MMA (wgmma, sm_90a): the forward and the dq, dk, dv
 // sweeps of the backward (the roles of scan_roles.cuh), bf16/fp16, inner
-// dim DI in {64, 128}. One warpgroup (128 threads) per (sequence [x segment], 64 output columns, kv
+// dim DI in {64, 128} (padded head dims also 192 and 256). One warpgroup (128 threads) per (sequence [x segment], 64 output columns, kv
 // head). A step is one (chunk of 64 tokens, query head) pair, in sweep order. With the role's row
 // operand A and column operand B as DI / 64 swizzled 64 x 64 tiles each (wgmma.cuh; tile h holds dims
 // [64h, 64h + 64)), Cv the block's 64 output columns of the value operand as one tile, and the state
