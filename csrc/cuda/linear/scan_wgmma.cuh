@@ -243,17 +243,17 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
       if constexpr (Info::group_sum) wg_hold(O);  // O carries the group's sum from earlier heads
       if constexpr (kDkv) wg_hold(O2);
       // Stages: P; A S (fresh outputs), running while P is masked; P Cv; the state's update, running
-      // while the epilogue writes O (DI = 128 and 192). No stage's accumulators are touched while it runs,
+      // while the epilogue writes O (DI >= 128). No stage's accumulators are touched while it runs,
       // and the update's stage ends inside its branch: otherwise ptxas serializes the products
-      // (C7515, seen when that stage ended after the branch). At DI = 256 the state alone takes 128
-      // registers, and A S running beside P and its packed copy spilled 300-700 bytes in every
-      // sweep: there the forward and dq run A S in P Cv's stage, after the mask, and the epilogue
-      // after the update (forward spills 312 -> 108 bytes, 692 -> 384 with the normalizer, dq's
-      // 296 -> 136 and 496 -> 256; K = V = 256
-      // at B4-T8192-H8 on an H100: 0.770 -> 0.602 ms unnormalized, 1.473 -> 1.414 normalized). dk's
-      // and dv's spills stayed or grew that way (376 -> 364, 420 -> 632 bytes), so they keep the
-      // order of the other dims.
-      constexpr bool kStateProductFirst = DI <= 192 || !(kFwd || kDq);
+      // (C7515, seen when that stage ended after the branch). kSpillOrder: at DI = 256 the state alone
+      // takes 128 registers, and A S running beside P and its packed copy spilled 300-700 bytes in
+      // every sweep; there the forward and dq run A S in P Cv's stage, after the mask, and the
+      // epilogue after the update (forward spills 312 -> 108 bytes, 692 -> 384 with the normalizer,
+      // dq's 296 -> 136 and 496 -> 256; K = V = 256 at B4-T8192-H8 on an H100: 0.770 -> 0.602 ms
+      // unnormalized, 1.473 -> 1.414 normalized). dk's and dv's spills stayed or grew that way
+      // (376 -> 364, 420 -> 632 bytes), so they keep the order of the other dims.
+      constexpr bool kSpillOrder = DI > 192 && (kFwd || kDq);  // the forward and dq at DI = 256
+      constexpr bool kStateProductFirst = !kSpillOrder;
       wg_fence();
       wg_scores<T, DI>(P, At, Bt);
       wg_commit();
@@ -370,9 +370,9 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaLayoutOf<R, DI>::min_blocks
         if constexpr (kDkv) write_rows(p.dk, O2, phi_used, dphi_rows(feat.k, p.k));
       };
       // At DI >= 128 the epilogue runs while S += B^T Cv does (but the forward's and dq's at DI = 256:
-      // kStateProductFirst's note); at DI = 64 its second copy (one per branch) made the forward spill
+      // kSpillOrder's note); at DI = 64 its second copy (one per branch) made the forward spill
       // 64 bytes instead of 8 under the 3-blocks-per-SM budget.
-      constexpr bool kEpilogueInShadow = DI >= 128 && (DI <= 192 || !(kFwd || kDq));
+      constexpr bool kEpilogueInShadow = DI >= 128 && !kSpillOrder;
       if (update) {
         wg_fence();
         wg_update_state<T, KT>(S, Bt, Ct);
