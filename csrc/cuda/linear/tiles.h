@@ -83,8 +83,8 @@ struct GenericTiles {
 // 2978 -> 1445 us; at B8-T2048-H16-D64, above the rule, 119 -> 152). Then as many segments as fill
 // every block slot once, with at least 16 chunks each: on wgmma, forced 2 to 6 segments were slower
 // at every shape, and at B1-T65536 the rule's 8 (641 us) beat 4 or 6 (783-791). The padded DI = 256
-// sweeps (one block per SM) too: K = V = 192 and 256 at B4-T8192-H8 (96 and 128 blocks), forced 2 to 8
-// segments took 3.87-7.62 ms forward+backward unnormalized against 3.44-3.54 unsplit on an H100;
+// sweeps (one block per SM) too: K = V = 192 (then padded to 256) and 256 at B4-T8192-H8 (96 and 128
+// blocks), forced 2 to 8 segments took 3.87-7.62 ms forward+backward unnormalized against 3.44-3.54 unsplit on an H100;
 // normalized, all were slower but K = 192's 4, which tied (5.22 against 5.24). `forced` > 0
 // replaces the slot count (testing::PlanOverride).
 inline int split_segments(int64_t blocks, int per_sm, int64_t seqlen, int sm_count, int forced) {
