@@ -97,7 +97,7 @@ def measure_shape(K, V, H, dtype, precision, fla, bandwidth):
 
     q, k, v, do = make(K).sigmoid(), make(K).sigmoid(), make(V) * 0.5, make(V)
     element_bytes = q.element_size()
-    name = "bf16" if dtype == torch.bfloat16 else f"fp32-{precision}"
+    name = dtype_name(dtype, precision)
     rows = []
     for normalize in (False, True):
         impls = {"attnrnn": lambda a, b, c: attnrnn.chunk_linear_attn(a, b, c, normalize=normalize)[0],
@@ -166,9 +166,14 @@ def markdown_table(rows):
     return "\n".join(lines)
 
 
+def dtype_name(dtype, precision):
+    """"bf16", or "fp32-" and the float32 matmul precision: a row's dtype."""
+    return "bf16" if dtype == torch.bfloat16 else f"fp32-{precision}"
+
+
 def run_name(K, V, dtype, precision):
     """"bf16-K64-V256", "fp32-highest-K128-V128": what --only selects."""
-    return ("bf16" if dtype == torch.bfloat16 else f"fp32-{precision}") + f"-K{K}-V{V}"
+    return row_run_name(dict(dtype=dtype_name(dtype, precision), K=K, V=V))
 
 
 def row_run_name(row):
@@ -229,7 +234,6 @@ def main(argv=None):
             torch.set_float32_matmul_precision(before)
         torch.cuda.empty_cache()
         write()
-    write()
     print(markdown_table(rows))
     return 1 if any(r["attnrnn_ms"] is None for r in rows) else 0
 
