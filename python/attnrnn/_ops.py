@@ -101,8 +101,9 @@ def _split_segments(blocks, per_sm, seqlen, sm_count, forced):
 def saved_bytes(q, k, v, cu_seqlens, normalize, chunk_size):
     """Bytes of the saved tensor chunk_fwd(for_backward=True) returns: the layout of the CUDA plan's
     saved buffer (csrc/cuda/linear/plan.cu, Rules::saved_layout), for the fake kernel, whose shapes
-    may be symbolic. On CUDA with bf16/fp16/fp32, 64-token chunks and K, V in {64, 128} (bf16/fp16 on
-    sm_90a also padded dims: K, V multiples of 8 up to 256, tiles.h's padded_dims): the forward's
+    may be symbolic. On CUDA with bf16/fp16/fp32, 64-token chunks and K, V in {64, 128}, or padded
+    dims: K, V multiples of 8 up to 256 on the wgmma sweeps (bf16/fp16 on sm_90a), up to 128 on the
+    mma.sync ones (tiles.h's padded_dims and mma_padded_dims): the forward's
     w = scale / den per (token, query head) with normalize; without it, bf16/fp16 at K = V = 128 on
     sm_90a where the forward's sweep splits the sequences, its segment states for the backward's dq
     sweep."""
@@ -115,7 +116,8 @@ def saved_bytes(q, k, v, cu_seqlens, normalize, chunk_size):
     # fp32 runs on the mma.sync sweeps everywhere
     wgmma = _C.built_with_wgmma() and props.major == 9 and not mma_sync and q.dtype != torch.float32
     exact = K in (64, 128) and V in (64, 128)
-    padded = wgmma and 0 < K <= 256 and K % 8 == 0 and 0 < V <= 256 and V % 8 == 0
+    largest = 256 if wgmma else 128
+    padded = 0 < K <= largest and K % 8 == 0 and 0 < V <= largest and V % 8 == 0
     if not (exact or padded):
         return 0
     if normalize:

@@ -113,8 +113,38 @@ def test_fp32_runs_on_the_tensor_cores_at_each_matmul_precision(ar, float32_matm
     exact = float32_matmul_precision == "highest"
     sweeps = [n for n in names if "mma_scan_kernel<float" in n]
     assert _roles_of("mma_scan_kernel<float", sweeps) == {0, 1, 2, 3}, names
-    assert all(f", {str(exact).lower()}>(" in n for n in sweeps), sweeps
+    assert all(f", {str(exact).lower()}, false>(" in n for n in sweeps), sweeps  # kTf32x3, kPadded
     assert any("grad_weights_kernel<float" in n for n in names) == normalize, names
+
+
+# fp32 at head dims other than 64 and 128 (multiples of 8 up to 128) on the padded mma.sync sweeps, at
+# both precisions: inner dims below 64 and between 64 and 128, output tiles partly written, a split
+# sweep, varlen, GQA, states, feature maps, both normalize modes.
+FP32_PADDED_CASES = [
+    Case(2, 300, 4, 32, fp32, initial_state=True, final_state=True),
+    Case(1, 257, 2, 96, fp32, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 333, 2, 48, fp32, V=80, feature_map="relu", seqlens=(0, 64, 1, 200, 68)),
+    Case(1, 4100, 2, 80, fp32, Hkv=1, V=112, initial_state=True, final_state=True),
+]
+
+
+@pytest.mark.parametrize("case", FP32_PADDED_CASES, ids=lambda c: c.id)
+def test_fp32_padded_head_dims_meet_rules_at_each_matmul_precision(ar, ref, case, float32_matmul_precision):
+    ours, base, ref64 = compute_all(ar, ref, "chunk", case, "cuda")
+    tf32 = float32_matmul_precision != "highest"
+    check_all(ours, base, ref64, case.dtype, r2_tol=R2_TOL[fp16] if tf32 else None)
+
+
+# Padded head dims on the mma.sync sweeps (tiles.h, mma_padded_dims): every sweep of fp32 at K = 96,
+# and of bf16 where the plan is forced off wgmma, runs mma_scan_kernel with kPadded (its last template
+# argument).
+@pytest.mark.parametrize("dtype,forced", [(fp32, False), (bf16, True)], ids=["fp32", "bf16-forced-mma-sync"])
+def test_padded_head_dims_run_on_the_padded_mma_sync_sweeps(ar, forced_plan, dtype, forced):
+    with forced_plan(mma_sync=forced):
+        names = _kernels_of_a_forward_backward(ar, Case(1, 300, 2, 96, dtype, V=80, feature_map=None))
+    sweeps = [n for n in names if "mma_scan_kernel<" in n and "wgmma" not in n]
+    assert _roles_of("mma_scan_kernel<", sweeps) == {0, 1, 2, 3}, names
+    assert all(n.split(">(")[0].endswith(", true") for n in sweeps), sweeps
 
 
 # Backward shapes whose padded sweeps sit beside exact ones with three or four output tiles: dv at
@@ -160,9 +190,11 @@ SAVED_SIZE_CASES = [
     Case(1, 5000, 4, 128, fp16, Hkv=2, normalize=False, seqlens=(0, 64, 1, 4867, 68)),
     Case(1, 1500, 2, 128, bf16, normalize=False),  # too short to split
     Case(8, 300, 16, 128, bf16, normalize=False),  # enough blocks: no split
-    Case(1, 150, 4, 48, bf16, Hkv=2, V=40),  # padded dims: w on sm_90a, nothing elsewhere
+    Case(1, 150, 4, 48, bf16, Hkv=2, V=40),  # padded dims: w on the wgmma and mma.sync sweeps alike
+    Case(1, 150, 4, 160, bf16, Hkv=2, V=40),  # padded past 128: w on sm_90a, nothing on mma.sync
     Case(1, 150, 4, 44, bf16, Hkv=2, V=40),  # the generic kernels: nothing saved
     Case(1, 150, 4, 64, torch.float32),
+    Case(1, 150, 4, 96, torch.float32, V=40),  # fp32 padded (mma.sync): w
     Case(1, 5000, 2, 128, torch.float32, normalize=False),
 ]
 
@@ -366,7 +398,21 @@ MMA_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", MMA_CASES, ids=lambda c: c.id)
+# ... and at padded head dims (multiples of 8 up to 128, V past 128 in the forward only), the path of
+# GPUs without wgmma: inner dims below 64 and between 64 and 128, output tiles partly written,
+# split sweeps, varlen, GQA, states, feature maps, both normalize modes.
+MMA_PADDED_CASES = [
+    Case(2, 300, 4, 32, bf16, initial_state=True, final_state=True),
+    Case(2, 257, 3, 96, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 190, 4, 96, fp16, Hkv=2, feature_map="relu"),
+    Case(1, 333, 2, 48, bf16, V=80, seqlens=(0, 64, 1, 200, 68), initial_state=True, final_state=True),
+    Case(1, 4100, 2, 80, bf16, Hkv=1, V=112, initial_state=True, final_state=True),
+    Case(1, 3000, 1, 16, fp16, V=24, feature_map="relu", normalize=False),
+    Case(1, 300, 2, 40, bf16, V=200, normalize=False),
+]
+
+
+@pytest.mark.parametrize("case", MMA_CASES + MMA_PADDED_CASES, ids=lambda c: c.id)
 def test_mma_sync_sweeps_meet_rules(ar, ref, forced_plan, case):
     inp = make_inputs(case, "cuda")
     with forced_plan(mma_sync=True):

@@ -34,6 +34,8 @@ CASES = [
     Case(1, 150, 4, 96, torch.bfloat16, Hkv=2, V=80, initial_state=True, final_state=True),
     Case(2, 100, 2, 192, torch.float16, V=136, feature_map="relu", normalize=False),
     Case(1, 100, 2, 256, torch.bfloat16, V=200, initial_state=True, final_state=True),
+    # fp32 at K, V off 64 and 128: the padded mma.sync sweeps
+    Case(1, 100, 2, 40, torch.float32, V=56, initial_state=True, final_state=True),
     # fp32 at K = V = 128 with normalize: the mma.sync sweeps in 3xTF32 (PyTorch's default precision)
     # and the weights pass
     Case(1, 130, 2, 128, torch.float32, initial_state=True, final_state=True),

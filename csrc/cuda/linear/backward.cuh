@@ -38,11 +38,13 @@ Status launch_grad_weights(const ChunkPlan& plan, const ChunkArgs& p) {
   const bool out16 = plan.out_rows_aligned16;
   auto kernel = V == 64 ? (out16 ? grad_weights_kernel<T, 64, true> : grad_weights_kernel<T, 64, false>)
                         : (out16 ? grad_weights_kernel<T, 128, true> : grad_weights_kernel<T, 128, false>);
-  if constexpr (sizeof(T) == 2) {  // padded value dims: bf16/fp16 only
-    if (p.head_dim_v != 64 && p.head_dim_v != 128)
-      kernel = V == 64    ? (out16 ? grad_weights_kernel<T, 64, true, true> : grad_weights_kernel<T, 64, false, true>)
-               : V == 128 ? (out16 ? grad_weights_kernel<T, 128, true, true> : grad_weights_kernel<T, 128, false, true>)
-                          : (out16 ? grad_weights_kernel<T, 256, true, true> : grad_weights_kernel<T, 256, false, true>);
+  if (p.head_dim_v != 64 && p.head_dim_v != 128) {  // padded value dims (fp32's only up to 128: mma.sync)
+    kernel = V == 64 ? (out16 ? grad_weights_kernel<T, 64, true, true> : grad_weights_kernel<T, 64, false, true>)
+                     : (out16 ? grad_weights_kernel<T, 128, true, true> : grad_weights_kernel<T, 128, false, true>);
+    if constexpr (sizeof(T) == 2) {
+      if (V == 256)
+        kernel = out16 ? grad_weights_kernel<T, 256, true, true> : grad_weights_kernel<T, 256, false, true>;
+    }
   }
   kernel<<<static_cast<unsigned>(blocks), kDdThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p);
   return check_launch("chunk_linear_attn backward (weights from the forward's denominators)");

@@ -55,21 +55,26 @@ bool dim_64_or_128(int64_t d) { return d == 64 || d == 128; }
 bool exact_dims(const LinearAttnFwdParams& p, bool backward) {
   return dim_64_or_128(p.head_dim_k) && (backward ? dim_64_or_128(p.head_dim_v) : p.head_dim_v % 64 == 0);
 }
-// ... and those the padded 64-token wgmma sweeps take (tiles.h).
+// ... and those the padded 64-token wgmma sweeps take (tiles.h), or the padded mma.sync sweeps.
 bool padded_dims(const LinearAttnFwdParams& p, bool backward) {
   return cuda::padded_dims(p.head_dim_k, p.head_dim_v, backward);
+}
+bool mma_padded_dims(const LinearAttnFwdParams& p, bool backward) {
+  return cuda::mma_padded_dims(p.head_dim_k, p.head_dim_v, backward);
 }
 
 bool fp32(const LinearAttnFwdParams& p) { return p.dtype == DType::kFloat32; }
 
-// The shapes the tensor-core sweeps take (bf16/fp16, 64-token chunks, exact dims on every device and
-// padded ones where wgmma runs, which `wgmma` (Rules::wgmma_device) says, never for fp32; fp32 with
-// exact dims on the mma.sync sweeps: TF32 products where the call allows them, else 3xTF32,
-// MmaStep<float> in common/mma.cuh), pointers aside: what the saved layout depends on.
+// The shapes the tensor-core sweeps take (bf16/fp16/fp32, 64-token chunks, exact dims everywhere;
+// padded ones up to 256 where wgmma runs, which `wgmma` (Rules::wgmma_device) says, never for fp32,
+// else up to 128 on the mma.sync sweeps; fp32 on the mma.sync sweeps: TF32 products where the call
+// allows them, else 3xTF32, MmaStep<float> in common/mma.cuh), pointers aside: what the saved layout
+// depends on.
 bool tensor_core_shape(const LinearAttnFwdParams& p, bool recurrent, bool backward, bool wgmma) {
   const bool dtype = p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16 || fp32(p);
   const bool chunk = !recurrent && (p.chunk_size == 0 || p.chunk_size == kChunk);
-  const bool dims = exact_dims(p, backward) || (wgmma && padded_dims(p, backward));
+  const bool dims =
+      exact_dims(p, backward) || (wgmma ? padded_dims(p, backward) : mma_padded_dims(p, backward));
   return dtype && chunk && dims;
 }
 // ... and their rows: 16-byte aligned inputs (cp.async), outputs in pairs aligned to their size.
@@ -150,9 +155,15 @@ struct Rules {
                          : MmaTile{MmaTiles<DI>::columns, MmaTiles<DI>::blocks_per_sm, MmaTiles<DI>::partial_floats};
   }
   MmaTile mma_tile(int64_t inner) const { return inner == 64 ? mma_tile_of<64>(fp32(p)) : mma_tile_of<128>(fp32(p)); }
+  // an mma.sync sweep's inner dim DI (padded_inner_dim where padded) and its blocks (partly written
+  // output tiles included)
+  int mma_inner(Role r) const { return padded(r) ? padded_inner(r) : static_cast<int>(inner_dim(p, r)); }
+  int64_t mma_blocks(Role r) const {
+    const int64_t columns = mma_tile(mma_inner(r)).columns;
+    return kv_blocks() * ((output_dim(p, r) + columns - 1) / columns);
+  }
   int mma_segments(Role r) const {
-    const MmaTile t = mma_tile(inner_dim(p, r));
-    return segments(kv_blocks() * (output_dim(p, r) / t.columns), static_cast<int>(t.per_sm));
+    return segments(mma_blocks(r), static_cast<int>(mma_tile(mma_inner(r)).per_sm));
   }
 
   // A sweep of role r on the kernel the rules give it; first_pass and partials are filled by the caller.
@@ -166,6 +177,8 @@ struct Rules {
       s.segments = wgmma_segments(r);
     } else if (!on_wgmma) {
       s.kernel = SweepKernel::kMma;
+      s.inner = mma_inner(r);
+      s.padded = padded(r);
       s.segments = mma_segments(r);
     } else if (pairs(r)) {
       s.kernel = SweepKernel::kWgmmaPair;
@@ -179,10 +192,7 @@ struct Rules {
   // Floats of a sweep's pass-1 partials.
   int64_t partial_floats(Role r, const Sweep& s) const {
     if (s.segments <= 1) return 0;
-    if (s.kernel == SweepKernel::kMma) {
-      const MmaTile t = mma_tile(s.inner);
-      return s.segments * kv_blocks() * (output_dim(p, r) / t.columns) * t.partial_floats;
-    }
+    if (s.kernel == SweepKernel::kMma) return s.segments * mma_blocks(r) * mma_tile(s.inner).partial_floats;
     return s.segments * wgmma_blocks(r) * wgmma_tile(s.inner).partial_floats;
   }
 

@@ -21,6 +21,9 @@
 // rows [16w, 16w+16) and owns state rows [w DI/4, (w+1) DI/4). Tiles of the next steps stream in
 // with cp.async while the current one is computed (NS stages). A step is one (chunk, query head)
 // pair; operands of the kv head are simply loaded again for each query head (GQA, served by L2).
+// kPadded: the real inner dim may be less than DI and the output dim any multiple of 8 (tiles.h,
+// padded head dims): the tiles load zeros past the real columns, so every product over them adds
+// nothing, and only real columns of S, z and the outputs are read or written.
 #pragma once
 
 #include "scan_roles.cuh"
@@ -29,7 +32,7 @@
 
 namespace attnrnn::cuda {
 
-template <class T, ScanRole R, int DI, bool kTf32x3 = false>
+template <class T, ScanRole R, int DI, bool kTf32x3 = false, bool kPadded = false>
 __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
     mma_scan_kernel(const ChunkArgs p, const SegmentSplit split, const ScanFeatures feat) {
   using Info = RoleInfo<R>;
@@ -46,7 +49,9 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
   // blockIdx.x = (n * segments + seg) * tiles + tile: the tiles of one (sequence, segment) are
   // neighbours, so the q/k rows they all read come from L2 after the first.
-  const int tiles = tc_tiles<T, R, DI>(p), tile = blockIdx.x % tiles;
+  const int tiles = tc_tiles<T, R, DI, kPadded>(p), tile = blockIdx.x % tiles;
+  const int64_t out_cols = R == ScanRole::kGradQ || R == ScanRole::kGradK ? K : V;
+  const int64_t inner = R == ScanRole::kForward || R == ScanRole::kGradV ? K : V;  // DI where not kPadded
   const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
   const int seg = (blockIdx.x / tiles) % split.segments;
   const int c0 = tile * NC;
@@ -76,9 +81,16 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
         for (int e = 0; e < 4; ++e)
           f(S[mi][ni][e], warp * (DI / 4) + mi * 16 + gr + (e >= 2 ? 8 : 0), ni * 8 + t2 + (e & 1));
   };
+  // ... on the real elements only (kPadded: d < inner, c0 + c < out_cols)
+  auto for_each_real_state = [&](auto&& f) {
+    for_each_state([&](float& x, int d, int c) {
+      if (!kPadded || (d < inner && c0 + c < out_cols)) f(x, d, c);
+    });
+  };
   {
     const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
-    load_initial_state(for_each_state, !split.state_only ? S0 : nullptr, mat_index, partial_at,
+    if constexpr (kPadded) for_each_state([](float& x, int, int) { x = 0.f; });
+    load_initial_state(for_each_real_state, !split.state_only ? S0 : nullptr, mat_index, partial_at,
                        earlier, NC);
   }
   if (p.normalize) {
@@ -88,6 +100,10 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
       const float* z0 = static_cast<const float*>(R == ScanRole::kGradK ? p.d_final_z : p.initial_z);
       const int zc0 = inner_z ? 0 : c0, width = inner_z ? DI : NC;
       for (int d = tid; d < width; d += kScanThreads) {
+        if (kPadded && zc0 + d >= K) {  // padded dims: z stays 0 there
+          z[d] = 0.f;
+          continue;
+        }
         float x = (z0 != nullptr && !split.state_only) ? z0[state_row * K + zc0 + d] : 0.f;
         for (int j = 0; j < earlier; ++j) x += partial_at(j)[DI * NC + d];
         z[d] = x;
@@ -134,17 +150,19 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
                 hi == G - 1};
   };
 
-  // A thread copies the same column piece e of every (128 / pieces)-th row: one row address per tile.
+  // A thread copies the same column piece e of every (128 / pieces)-th row: one row address per tile
+  // (kPadded: zeros where the piece lies past the source's real columns).
   auto load_tile = [&](T* dst, int ld, Operand src, int width, int col0, const Step& s) {
     const ConstView& view = tc_view(p, feat, src);
     const int pieces = width / kPieceElems<T>, rows_per_pass = kScanThreads / pieces;
     const int t_first = tid / pieces, e = (tid % pieces) * kPieceElems<T>;
+    const bool real = !kPadded || col0 + e < operand_dim(src, K, V);
     const T* from = row<T>(view, seq.b, s.t0 + t_first, per_query_head(src) ? s.h : g) + col0 + e;
     const int64_t jump = rows_per_pass * view.stride_t;
     const T* fallback = static_cast<const T*>(view.data);
 #pragma unroll
     for (int t = t_first; t < C; t += rows_per_pass, from += jump)
-      cp_async16(dst + t * ld + e, t < s.cl ? from : fallback, t < s.cl);
+      cp_async16(dst + t * ld + e, real && t < s.cl ? from : fallback, real && t < s.cl);
   };
   auto issue = [&](int i) {
     const Step s = step_at(i);
@@ -322,10 +340,12 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
             const ConstView phi_rows = R == ScanRole::kGradQ ? dphi_rows(feat.q, p.q) : dphi_rows(feat.k, p.k);
             const T* raw = row<T>(phi_rows, seq.b, s.t0 + t, out_head) + c0;
 #pragma unroll
-            for (int ni = 0; ni < NT; ++ni) raw2[ni] = load_packed2(raw + ni * 8 + t2);
+            for (int ni = 0; ni < NT; ++ni)
+              if (!kPadded || c0 + ni * 8 < out_cols) raw2[ni] = load_packed2(raw + ni * 8 + t2);
           }
 #pragma unroll
           for (int ni = 0; ni < NT; ++ni) {
+            if (kPadded && c0 + ni * 8 >= out_cols) continue;  // out_cols is a multiple of 8
             float x0 = O[ni][2 * r], x1 = O[ni][2 * r + 1];
             if constexpr (R == ScanRole::kForward) {
               x0 *= inv[r];
@@ -384,15 +404,16 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
   if (seg != split.segments - 1) return;
   if constexpr (R == ScanRole::kForward || R == ScanRole::kGradV) {
     float* out = static_cast<float*>(R == ScanRole::kForward ? p.final_S : p.d_initial_S);
-    if (out != nullptr) for_each_state([&](float& x, int d, int c) { out[mat_index(d, c)] = x; });
+    if (out != nullptr) for_each_real_state([&](float& x, int d, int c) { out[mat_index(d, c)] = x; });
   }
   if constexpr (R == ScanRole::kForward) {
     if (p.final_z != nullptr && tile == 0)
-      for (int d = tid; d < DI; d += kScanThreads) static_cast<float*>(p.final_z)[state_row * K + d] = z[d];
+      for (int d = tid; d < (kPadded ? K : DI); d += kScanThreads) static_cast<float*>(p.final_z)[state_row * K + d] = z[d];
   }
   if constexpr (R == ScanRole::kGradK) {
     if (p.d_initial_z != nullptr)
-      for (int c = tid; c < NC; c += kScanThreads) static_cast<float*>(p.d_initial_z)[state_row * K + c0 + c] = z[c];
+      for (int c = tid; c < NC && (!kPadded || c0 + c < K); c += kScanThreads)
+        static_cast<float*>(p.d_initial_z)[state_row * K + c0 + c] = z[c];
   }
 }
 

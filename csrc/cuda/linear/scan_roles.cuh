@@ -132,11 +132,12 @@ struct SegmentSplit {
   }
 };
 
-// Output column tiles of a sweep of the mma.sync scan.
-template <class T, ScanRole R, int DI>
+// Output column tiles of a sweep of the mma.sync scan (kPadded: the last one partly written).
+template <class T, ScanRole R, int DI, bool kPadded = false>
 __host__ __device__ inline int tc_tiles(const LinearAttnFwdParams& p) {
   const int64_t out = R == ScanRole::kGradQ || R == ScanRole::kGradK ? p.head_dim_k : p.head_dim_v;
-  return static_cast<int>(out / MmaLayout<T, DI>::NC);
+  constexpr int NC = MmaLayout<T, DI>::NC;
+  return static_cast<int>(kPadded ? (out + NC - 1) / NC : out / NC);
 }
 
 template <class T, int DI>

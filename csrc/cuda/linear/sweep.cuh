@@ -119,10 +119,45 @@ Status check_normalize_mode(const ChunkArgs& p, const char* what) {
               int(WithNormalizer), int(p.normalize));
 }
 
-template <class T, ScanRole R, int DI, bool kTf32x3 = false>
+template <class T, ScanRole R, int DI, bool kTf32x3 = false, bool kPadded = false>
 Status run_mma_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
-  return run_sweep(mma_scan_kernel<T, R, DI, kTf32x3>, MmaLayout<T, DI>::bytes, kScanThreads, kChunk, p, sweep,
-                   tc_tiles<T, R, DI>(p), feat, what, NoStateKernel{});
+  return run_sweep(mma_scan_kernel<T, R, DI, kTf32x3, kPadded>, MmaLayout<T, DI>::bytes, kScanThreads, kChunk, p,
+                   sweep, tc_tiles<T, R, DI, kPadded>(p), feat, what, NoStateKernel{});
+}
+
+// The mma.sync sweeps of padded head dims (Sweep::padded: inner dims up to 128), instantiated apart
+// (instantiations/padded_mma_*.cu) like the padded wgmma sweeps.
+template <class T, ScanRole R, int DI, bool kTf32x3>
+Status run_padded_mma_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
+  return run_mma_sweep<T, R, DI, kTf32x3, true>(sweep, p, feat, what);
+}
+#define ATTNRNN_PADDED_MMA_SWEEP(PREFIX, T, R, X3)                                                            \
+  PREFIX template Status run_padded_mma_sweep<T, R, 64, X3>(const Sweep&, const ChunkArgs&, const ScanFeatures&, \
+                                                            const char*);                                      \
+  PREFIX template Status run_padded_mma_sweep<T, R, 128, X3>(const Sweep&, const ChunkArgs&, const ScanFeatures&, \
+                                                             const char*);
+#define ATTNRNN_PADDED_MMA_FORWARD(PREFIX, T, X3) ATTNRNN_PADDED_MMA_SWEEP(PREFIX, T, ScanRole::kForward, X3)
+#define ATTNRNN_PADDED_MMA_BACKWARD(PREFIX, T, X3)        \
+  ATTNRNN_PADDED_MMA_SWEEP(PREFIX, T, ScanRole::kGradQ, X3) \
+  ATTNRNN_PADDED_MMA_SWEEP(PREFIX, T, ScanRole::kGradK, X3) \
+  ATTNRNN_PADDED_MMA_SWEEP(PREFIX, T, ScanRole::kGradV, X3)
+ATTNRNN_PADDED_MMA_FORWARD(extern, __nv_bfloat16, false)
+ATTNRNN_PADDED_MMA_FORWARD(extern, __half, false)
+ATTNRNN_PADDED_MMA_FORWARD(extern, float, false)
+ATTNRNN_PADDED_MMA_FORWARD(extern, float, true)
+ATTNRNN_PADDED_MMA_BACKWARD(extern, __nv_bfloat16, false)
+ATTNRNN_PADDED_MMA_BACKWARD(extern, __half, false)
+ATTNRNN_PADDED_MMA_BACKWARD(extern, float, false)
+ATTNRNN_PADDED_MMA_BACKWARD(extern, float, true)
+
+// An mma.sync sweep on the inner dim its plan names, padded where the plan says.
+template <class T, ScanRole R, bool kTf32x3 = false>
+Status run_planned_mma_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
+  if (sweep.padded)
+    return sweep.inner == 64 ? run_padded_mma_sweep<T, R, 64, kTf32x3>(sweep, p, feat, what)
+                             : run_padded_mma_sweep<T, R, 128, kTf32x3>(sweep, p, feat, what);
+  return sweep.inner == 64 ? run_mma_sweep<T, R, 64, kTf32x3>(sweep, p, feat, what)
+                           : run_mma_sweep<T, R, 128, kTf32x3>(sweep, p, feat, what);
 }
 
 template <class T, ScanRole R, int DI, bool WithNormalizer, bool kPadded = false>
@@ -179,11 +214,8 @@ Status run_wgmma_pair_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFe
 template <ScanRole R>
 Status run_fp32_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
   if (sweep.kernel != SweepKernel::kMma) return fail(Status::kInvalidArgument, "%s: fp32 runs on mma.sync only", what);
-  if (p.allow_tf32)
-    return sweep.inner == 64 ? run_mma_sweep<float, R, 64, false>(sweep, p, feat, what)
-                             : run_mma_sweep<float, R, 128, false>(sweep, p, feat, what);
-  return sweep.inner == 64 ? run_mma_sweep<float, R, 64, true>(sweep, p, feat, what)
-                           : run_mma_sweep<float, R, 128, true>(sweep, p, feat, what);
+  return p.allow_tf32 ? run_planned_mma_sweep<float, R, false>(sweep, p, feat, what)
+                      : run_planned_mma_sweep<float, R, true>(sweep, p, feat, what);
 }
 
 // The sweep of role R (not the fused dk + dv) on the kernel and inner dim its plan names.
@@ -194,8 +226,7 @@ Status run_planned_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatu
   } else {
     switch (sweep.kernel) {
       case SweepKernel::kMma:
-        return sweep.inner == 64 ? run_mma_sweep<T, R, 64>(sweep, p, feat, what)
-                                 : run_mma_sweep<T, R, 128>(sweep, p, feat, what);
+        return run_planned_mma_sweep<T, R>(sweep, p, feat, what);
       case SweepKernel::kWgmma:
         if (sweep.padded)
           return sweep.inner == 64    ? run_padded_wgmma_sweep<T, R, 64, WithNormalizer>(sweep, p, feat, what)

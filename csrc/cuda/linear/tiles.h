@@ -128,6 +128,14 @@ inline bool padded_dims(int64_t K, int64_t V, bool backward) {
   const bool v = V > 0 && V % 8 == 0 && (!backward || V <= 256);
   return k && v;
 }
+// The same on the mma.sync sweeps (every GPU, and fp32 on sm_90a too), inner dims up to 128: K any
+// multiple of 8 up to 128, V any multiple of 8 (up to 128 in the backward), padded to DI = 64 or 128
+// (padded_inner_dim) and to 32- or 64-column output tiles (MmaTiles::columns).
+inline bool mma_padded_dims(int64_t K, int64_t V, bool backward) {
+  const bool k = K > 0 && K <= 128 && K % 8 == 0;
+  const bool v = V > 0 && V % 8 == 0 && (!backward || V <= 128);
+  return k && v;
+}
 // The padded sweeps' inner dim DI for a real inner dim.
 inline int padded_inner_dim(int64_t inner) { return inner <= 64 ? 64 : inner <= 128 ? 128 : inner <= 192 ? 192 : 256; }
 
