@@ -11,10 +11,10 @@ Per (K, V) at B4-T8192 (H16 for dims up to 128, H32 at 32, H8 past 128), normali
 forward and forward+backward medians of both, after one untimed call each (Triton autotuning), the
 speed-up over fla and the share of the memory floor: q, k, v read and o written forward; with the
 backward also q, k, v, do read and dq, dk, dv written (6K + 5V elements per (token, head)), at the
-device's copy rate. fp32 rows (K = V = 64 and 128) run under each precision setting; fla's Triton
-kernels read fp32 operands as TF32 under both. At K = V = 64 and 128 in bf16, attnrnn's mma.sync
-sweeps (the path of GPUs without wgmma) are timed too, forced through the testing hook on the same
-GPU: a stand-in for Ampere-class parts.
+device's copy rate. fp32 rows (K = V up to 128, the mma.sync sweeps' dims) run under each precision
+setting; fla's Triton kernels read fp32 operands as TF32 under both. At K = V = 64 and 128 in bf16,
+attnrnn's mma.sync sweeps (the path of GPUs without wgmma) are timed too, forced through the testing
+hook on the same GPU: a stand-in for Ampere-class parts.
 """
 import argparse
 import json
@@ -32,8 +32,8 @@ from .timing import gpu_ms, median_ms
 # (K, V, H): the square dims, a wide V and a narrow one
 GRID = [(32, 32, 32), (64, 64, 16), (96, 96, 16), (128, 128, 16), (192, 192, 8), (256, 256, 8), (64, 256, 8),
         (128, 64, 16)]
-# fp32: the head dims its tensor-core sweeps take, under each float32 matmul precision
-FP32_GRID = [(64, 64, 16), (128, 128, 16)]
+# fp32: the square head dims its tensor-core (mma.sync) sweeps take, under each float32 matmul precision
+FP32_GRID = [(32, 32, 32), (64, 64, 16), (96, 96, 16), (128, 128, 16)]
 FP32_PRECISIONS = ["highest", "high"]
 B, T = 4, 8192
 # bf16 dims also timed on the mma.sync sweeps

@@ -15,6 +15,7 @@ SWEEP = [
     Case(2, 2, 4, 60, bf16, Hkv=2, V=64),
     Case(1, 63, 2, 64, fp16, initial_state=True, final_state=True),
     Case(2, 65, 2, 100, fp32, V=60, feature_map="relu", normalize=False),
+    Case(1, 129, 2, 72, fp32, Hkv=1, V=104, initial_state=True, final_state=True),
     Case(1, 65, 1, 256, fp32, feature_map=None, normalize=False, initial_state=True, final_state=True),
     Case(1, 130, 2, 128, bf16, V=256, feature_map="relu", initial_state=True),
     Case(1, 130, 2, 176, bf16, V=160, initial_state=True, final_state=True),
