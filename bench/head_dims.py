@@ -12,9 +12,9 @@ forward and forward+backward medians of both, after one untimed call each (Trito
 speed-up over fla and the share of the memory floor: q, k, v read and o written forward; with the
 backward also q, k, v, do read and dq, dk, dv written (6K + 5V elements per (token, head)), at the
 device's copy rate. fp32 rows (K = V up to 128, the mma.sync sweeps' dims) run under each precision
-setting; fla's Triton kernels read fp32 operands as TF32 under both. At K = V = 64 and 128 in bf16,
-attnrnn's mma.sync sweeps (the path of GPUs without wgmma) are timed too, forced through the testing
-hook on the same GPU: a stand-in for Ampere-class parts.
+setting; fla's Triton kernels read fp32 operands as TF32 under both. At K = V = 32, 64 and 128 in
+bf16, attnrnn's mma.sync sweeps (the path of GPUs without wgmma) are timed too, forced through the
+testing hook on the same GPU: a stand-in for Ampere-class parts.
 """
 import argparse
 import json
@@ -37,7 +37,7 @@ FP32_GRID = [(32, 32, 32), (64, 64, 16), (96, 96, 16), (128, 128, 16)]
 FP32_PRECISIONS = ["highest", "high"]
 B, T = 4, 8192
 # bf16 dims also timed on the mma.sync sweeps
-MMA_SYNC_DIMS = [(64, 64), (128, 128)]
+MMA_SYNC_DIMS = [(32, 32), (64, 64), (128, 128)]
 
 
 def or_dash(x, spec):

@@ -90,7 +90,8 @@ def _round256(n):
 
 
 def _split_segments(blocks, per_sm, seqlen, sm_count, forced):
-    """tiles.h's split_segments, on sizes that may be symbolic (torch.compile's dynamic shapes)."""
+    """tiles.h's split_segments, on sizes that may be symbolic (torch.compile's dynamic shapes), for the
+    K = V = 128 sweeps saved_bytes asks about (their sparse_slots is false)."""
     chunks = (seqlen + 63) // 64
     want = forced if forced > 0 else (sm_count * per_sm // blocks if 2 * blocks <= sm_count else 1)
     want = torch.sym_min(want, torch.sym_max(1, chunks // 16))

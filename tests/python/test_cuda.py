@@ -513,6 +513,20 @@ def test_padded_head_dims_run_on_the_wgmma_sweeps(ar, K, V):
     assert _roles_of("segment_state_kernel", names) == {0, 1, 2, 3}, names
 
 
+# A wgmma sweep of three blocks per SM (DI = 64) whose real inner dim is at most 32 splits where its
+# (sequence, kv head, tile) blocks take at most one slot of each SM, not only where they fill at most
+# half the SMs (tiles.h, split_segments): at K = V = 32 as many sequences as SMs split every sweep, one
+# more than that none; at K = V = 64 (exact tiles) as many as SMs do not split.
+@WGMMA
+@pytest.mark.parametrize("K,more,splits", [(32, 0, True), (32, 1, False), (64, 0, False)],
+                         ids=["K32-B-sm_count", "K32-B-sm_count-plus-1", "K64-B-sm_count"])
+def test_half_padded_dim_64_sweeps_split_where_their_blocks_take_one_slot_per_sm(ar, K, more, splits):
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    names = _kernels_of_a_forward_backward(ar, Case(sm_count + more, 3072, 1, K, bf16, feature_map=None))
+    assert {0, 1} <= _roles_of("wgmma_scan_kernel", names), names
+    assert _roles_of("segment_state_kernel", names) == ({0, 1, 2, 3} if splits else set()), names
+
+
 # A padded sweep's tiles cover the least inner dim of 64, 128, 192 and 256 that holds the real one
 # (tiles.h, padded_inner_dim): the forward's and dv's over K, dq's and dk's over V.
 @WGMMA

@@ -102,8 +102,8 @@ struct Rules {
   const testing::PlanOverride& forced;
 
   int64_t kv_blocks() const { return num_states(p) * p.num_kv_heads; }
-  int segments(int64_t blocks, int per_sm) const {
-    return split_segments(blocks, per_sm, p.seqlen, device.sm_count, forced.segments);
+  int segments(int64_t blocks, int per_sm, bool sparse_slots = false) const {
+    return split_segments(blocks, per_sm, p.seqlen, device.sm_count, forced.segments, sparse_slots);
   }
   // the device runs wgmma and the test override leaves it (the dims it takes: tensor_core_shape);
   // fp32 runs on mma.sync everywhere (TF32 wgmma reads only K-major tiles, which the sweeps' products
@@ -134,7 +134,9 @@ struct Rules {
   }
   int64_t wgmma_blocks(Role r) const { return kv_blocks() * ((output_dim(p, r) + 63) / 64); }
   int wgmma_segments(Role r) const {
-    return segments(wgmma_blocks(r), wgmma_tile(padded_inner(r)).per_sm);
+    const int per_sm = wgmma_tile(padded_inner(r)).per_sm;
+    // split_segments' sparse_slots: three blocks per SM, and tiles that are at least half padding
+    return segments(wgmma_blocks(r), per_sm, per_sm >= 3 && inner_dim(p, r) <= 32);
   }
   int pair_segments(Role r) const { return segments(wgmma_blocks(r), WgmmaPairTiles::blocks_per_sm); }
   bool pairs(Role r) const {

@@ -85,12 +85,20 @@ struct GenericTiles {
 // at every shape, and at B1-T65536 the rule's 8 (641 us) beat 4 or 6 (783-791). The padded DI = 256
 // sweeps (one block per SM) too: K = V = 192 (then padded to 256) and 256 at B4-T8192-H8 (96 and 128
 // blocks), forced 2 to 8 segments took 3.87-7.62 ms forward+backward unnormalized against 3.44-3.54 unsplit on an H100;
-// normalized, all were slower but K = 192's 4, which tied (5.22 against 5.24). `forced` > 0
-// replaces the slot count (testing::PlanOverride).
-inline int split_segments(int64_t blocks, int per_sm, int64_t seqlen, int sm_count, int forced) {
+// normalized, all were slower but K = 192's 4, which tied (5.22 against 5.24). The wgmma sweeps of
+// three blocks per SM (DI = 64) whose real inner dim is at most 32 split also where their blocks take
+// at most one slot of each SM (sparse_slots): half their tiles are zeros, so a step moves half the
+// bytes for the same products and more blocks hide its latency. On an H100, forward+backward at
+// B4-T8192-H32 (128 blocks, 3 segments against none): K = V = 32 0.917 -> 0.762 ms unnormalized and
+// 1.201 -> 1.041 normalized (4 and 6 segments, two waves, were slower); the same split made K = V =
+// 64 slower, 0.789 -> 0.883 and 1.050 -> 1.150 (B8-T2048-H16, 2 segments: 0.247 -> 0.266), so the
+// exact dims keep the half-the-SMs rule.
+// `forced` > 0 replaces the slot count (testing::PlanOverride).
+inline int split_segments(int64_t blocks, int per_sm, int64_t seqlen, int sm_count, int forced,
+                          bool sparse_slots = false) {
   const int64_t slots = int64_t(sm_count) * per_sm;
   const int64_t chunks = (seqlen + kChunk - 1) / kChunk;
-  const bool few = 2 * blocks <= sm_count;
+  const bool few = 2 * blocks <= sm_count || (sparse_slots && blocks <= sm_count);
   int64_t want = forced > 0 ? forced : (few ? slots / std::max<int64_t>(blocks, 1) : 1);
   want = std::min<int64_t>(want, std::max<int64_t>(1, chunks / 16));
   const int64_t seg_chunks = (chunks + want - 1) / std::max<int64_t>(want, 1);
