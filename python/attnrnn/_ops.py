@@ -104,7 +104,7 @@ def saved_bytes(q, k, v, cu_seqlens, normalize, chunk_size):
     saved buffer (csrc/cuda/linear/plan.cu, Rules::saved_layout), for the fake kernel, whose shapes
     may be symbolic. On CUDA with bf16/fp16/fp32, 64-token chunks and K, V in {64, 128}, or padded
     dims: K, V multiples of 8 up to 256 on the wgmma sweeps (bf16/fp16 on sm_90a), up to 128 on the
-    mma.sync ones (tiles.h's padded_dims and mma_padded_dims): the forward's
+    mma.sync ones (tiles.h's padded_dims): the forward's
     w = scale / den per (token, query head) with normalize; without it, bf16/fp16 at K = V = 128 on
     sm_90a where the forward's sweep splits the sequences, its segment states for the backward's dq
     sweep."""

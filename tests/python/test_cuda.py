@@ -42,8 +42,8 @@ def test_tensor_core_path_meets_rules(ar, ref, case):
 
 # Head dims other than 64 and 128 on the 64-token wgmma sweeps, their tiles padded with zeros (tiles.h,
 # padded_dims): inner dims below 64, between 64 and 128, up to 192 (DI = 192) and past it (DI = 256),
-# output dims that end inside a 64-column tile, K != V both ways, split sweeps (few blocks, long sequences), varlen, GQA,
-# states, every feature map, both normalize modes.
+# output dims that end inside a 64-column tile, K != V both ways, split sweeps (few blocks, long
+# sequences), varlen, GQA, states, every feature map, both normalize modes.
 PADDED_CASES = [
     Case(2, 300, 4, 32, bf16, initial_state=True, final_state=True),
     Case(2, 257, 3, 96, bf16, feature_map=None, normalize=False, initial_state=True, final_state=True),
@@ -135,7 +135,7 @@ def test_fp32_padded_head_dims_meet_rules_at_each_matmul_precision(ar, ref, case
     check_all(ours, base, ref64, case.dtype, r2_tol=R2_TOL[fp16] if tf32 else None)
 
 
-# Padded head dims on the mma.sync sweeps (tiles.h, mma_padded_dims): every sweep of fp32 at K = 96,
+# Padded head dims on the mma.sync sweeps (tiles.h, padded_dims): every sweep of fp32 at K = 96,
 # and of bf16 where the plan is forced off wgmma, runs mma_scan_kernel with kPadded (its last template
 # argument).
 @pytest.mark.parametrize("dtype,forced", [(fp32, False), (bf16, True)], ids=["fp32", "bf16-forced-mma-sync"])

@@ -55,12 +55,9 @@ bool dim_64_or_128(int64_t d) { return d == 64 || d == 128; }
 bool exact_dims(const LinearAttnFwdParams& p, bool backward) {
   return dim_64_or_128(p.head_dim_k) && (backward ? dim_64_or_128(p.head_dim_v) : p.head_dim_v % 64 == 0);
 }
-// ... and those the padded 64-token wgmma sweeps take (tiles.h), or the padded mma.sync sweeps.
-bool padded_dims(const LinearAttnFwdParams& p, bool backward) {
-  return cuda::padded_dims(p.head_dim_k, p.head_dim_v, backward);
-}
-bool mma_padded_dims(const LinearAttnFwdParams& p, bool backward) {
-  return cuda::mma_padded_dims(p.head_dim_k, p.head_dim_v, backward);
+// ... and those the padded 64-token sweeps take, on wgmma or on mma.sync (tiles.h).
+bool padded_dims(const LinearAttnFwdParams& p, bool backward, bool wgmma) {
+  return cuda::padded_dims(p.head_dim_k, p.head_dim_v, backward, wgmma);
 }
 
 bool fp32(const LinearAttnFwdParams& p) { return p.dtype == DType::kFloat32; }
@@ -73,8 +70,7 @@ bool fp32(const LinearAttnFwdParams& p) { return p.dtype == DType::kFloat32; }
 bool tensor_core_shape(const LinearAttnFwdParams& p, bool recurrent, bool backward, bool wgmma) {
   const bool dtype = p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16 || fp32(p);
   const bool chunk = !recurrent && (p.chunk_size == 0 || p.chunk_size == kChunk);
-  const bool dims =
-      exact_dims(p, backward) || (wgmma ? padded_dims(p, backward) : mma_padded_dims(p, backward));
+  const bool dims = exact_dims(p, backward) || padded_dims(p, backward, wgmma);
   return dtype && chunk && dims;
 }
 // ... and their rows: 16-byte aligned inputs (cp.async), outputs in pairs aligned to their size.
@@ -110,7 +106,7 @@ struct Rules {
   // do not all have)
   bool wgmma_device() const { return device.wgmma && !forced.mma_sync && !fp32(p); }
   bool wgmma(bool backward) const {
-    return wgmma_device() && (exact_dims(p, backward) || padded_dims(p, backward));
+    return wgmma_device() && (exact_dims(p, backward) || padded_dims(p, backward, true));
   }
   // a sweep of role r pads its tiles: its inner dim is not 64 or 128, or its output dim not a multiple of 64
   bool padded(Role r) const { return !dim_64_or_128(inner_dim(p, r)) || output_dim(p, r) % 64 != 0; }
@@ -157,15 +153,14 @@ struct Rules {
                          : MmaTile{MmaTiles<DI>::columns, MmaTiles<DI>::blocks_per_sm, MmaTiles<DI>::partial_floats};
   }
   MmaTile mma_tile(int64_t inner) const { return inner == 64 ? mma_tile_of<64>(fp32(p)) : mma_tile_of<128>(fp32(p)); }
-  // an mma.sync sweep's inner dim DI (padded_inner_dim where padded) and its blocks (partly written
-  // output tiles included)
-  int mma_inner(Role r) const { return padded(r) ? padded_inner(r) : static_cast<int>(inner_dim(p, r)); }
+  // an mma.sync sweep's blocks (partly written output tiles included); its inner dim DI is
+  // padded_inner (the exact 64 and 128 map to themselves)
   int64_t mma_blocks(Role r) const {
-    const int64_t columns = mma_tile(mma_inner(r)).columns;
+    const int64_t columns = mma_tile(padded_inner(r)).columns;
     return kv_blocks() * ((output_dim(p, r) + columns - 1) / columns);
   }
   int mma_segments(Role r) const {
-    return segments(mma_blocks(r), static_cast<int>(mma_tile(mma_inner(r)).per_sm));
+    return segments(mma_blocks(r), static_cast<int>(mma_tile(padded_inner(r)).per_sm));
   }
 
   // A sweep of role r on the kernel the rules give it; first_pass and partials are filled by the caller.
@@ -179,7 +174,7 @@ struct Rules {
       s.segments = wgmma_segments(r);
     } else if (!on_wgmma) {
       s.kernel = SweepKernel::kMma;
-      s.inner = mma_inner(r);
+      s.inner = padded_inner(r);
       s.padded = padded(r);
       s.segments = mma_segments(r);
     } else if (pairs(r)) {

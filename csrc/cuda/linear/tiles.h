@@ -121,27 +121,22 @@ inline bool pairs_sweep(bool forward, bool normalize, bool bf16, int64_t blocks,
 }
 
 // Head dims other than K in {64, 128} (and V in {64, 128} in the backward, V % 64 == 0 in the forward)
-// run on the 64-token wgmma sweep with its tiles padded: zeros loaded past the real columns (DI: the
-// least of 64, 128, 192 and 256 that holds the inner dim; output dims in 64-column tiles, the last one
-// partly written). The zeros add nothing to any product, so the sums are those of the real dims. Any
-// multiple of 8 (cp.async's 16-byte pieces) up to 256, and the forward's V any multiple of 8: its
-// output tiles are independent. sm_90a only: elsewhere these shapes run the generic kernels.
-// Forward+backward at B4-T8192 on an H100 against fla's chunk: K = V = 32 (H32) and 96 (H16) 1.3-3.3x
-// fla at 20-35% of the memory floor. DI = 192 exists for the state's registers: K = V = 192 (H8, 96
+// run on the 64-token tensor-core sweeps with their tiles padded: zeros loaded past the real columns
+// (DI: the least of 64, 128, 192 and 256 that holds the inner dim; output dims in 64-column tiles on
+// wgmma, 32 or 64 on mma.sync (MmaTiles::columns), the last one partly written). The zeros add
+// nothing to any product, so the sums are those of the real dims. K any multiple of 8 (cp.async's
+// 16-byte pieces) up to the largest inner dim of the sweeps, 256 on wgmma and 128 on mma.sync (every
+// GPU, and fp32 on sm_90a too); V the same in the backward and any multiple of 8 in the forward, whose
+// output tiles are independent. Past that, the generic kernels.
+// Forward+backward at B4-T8192 on an H100 against fla's chunk: K = V = 32 (H32) and 96 (H16) 1.7-3.3x
+// fla at 23-35% of the memory floor. DI = 192 exists for the state's registers: K = V = 192 (H8, 96
 // blocks of one warpgroup per SM) padded to 256 took 3.78 / 5.52 ms unnormalized / normalized, its
 // sweeps at 255 registers spilling 300-700 bytes; on DI = 192 (0-124 bytes) 1.47 / 2.17 ms
 // (bench/results/head_dims_h100.json).
-inline bool padded_dims(int64_t K, int64_t V, bool backward) {
-  const bool k = K > 0 && K <= 256 && K % 8 == 0;
-  const bool v = V > 0 && V % 8 == 0 && (!backward || V <= 256);
-  return k && v;
-}
-// The same on the mma.sync sweeps (every GPU, and fp32 on sm_90a too), inner dims up to 128: K any
-// multiple of 8 up to 128, V any multiple of 8 (up to 128 in the backward), padded to DI = 64 or 128
-// (padded_inner_dim) and to 32- or 64-column output tiles (MmaTiles::columns).
-inline bool mma_padded_dims(int64_t K, int64_t V, bool backward) {
-  const bool k = K > 0 && K <= 128 && K % 8 == 0;
-  const bool v = V > 0 && V % 8 == 0 && (!backward || V <= 128);
+inline bool padded_dims(int64_t K, int64_t V, bool backward, bool wgmma) {
+  const int64_t largest = wgmma ? 256 : 128;
+  const bool k = K > 0 && K <= largest && K % 8 == 0;
+  const bool v = V > 0 && V % 8 == 0 && (!backward || V <= largest);
   return k && v;
 }
 // The padded sweeps' inner dim DI for a real inner dim.
