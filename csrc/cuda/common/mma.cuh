@@ -170,16 +170,32 @@ __device__ __forceinline__ void cp_async_wait() {
 // m16n8k8 tf32 (g = lane / 4, t = lane % 4), one element per register:
 //   A (16 x 8): a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4)
 //   B (8 x 8):  b0 = (k t, n g), b1 = (k t+4, n g);  C as in m16n8k16.
-// The scans number k inside each 8-wide slice so that position t is column 2t and t+4 is 2t+1: A
-// then holds the pairs (g, 2t..2t+1) that a C tile holds, so a product feeds the next mma as it
-// is (a_from_c), and rows of A and B are read as float2. Any order of k gives the same sum, as
-// long as A and B share it.
+// Any order of k inside an 8-wide slice gives the same sum, as long as A and B share it; MmaStep<float>
+// uses two:
+// - natural (position t is column t): what ldmatrix delivers from 16-byte row pieces of 4 floats
+//   (a_rows, b_nk), one instruction for four registers in the order the mma takes them;
+// - paired (position t is column 2t, t + 4 is 2t + 1): A then holds the pairs (g, 2t..2t+1) that a C
+//   tile holds, so a product feeds the next mma as it is (a_from_c); a_columns and b_kn read one
+//   word per lane in this order.
+// A product pairs a_rows with b_nk, and a_from_c or a_columns with b_kn.
 
 // x rounded to TF32 (10 mantissa bits, to nearest, ties away), as the mma reads its operands.
 __device__ __forceinline__ uint32_t to_tf32(float x) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
   return r;
+}
+__device__ __forceinline__ float tf32_rounded(float x) { return __uint_as_float(to_tf32(x)); }
+// The same rounding for a finite x in two integer operations: cvt.rna's four (sm_90) also keep a NaN's
+// payload out of the carry. 3xTF32's small part is finite wherever its big part is.
+__device__ __forceinline__ uint32_t to_tf32_finite(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+// x's leading 11 significant bits (a TF32 value), rounded to nearest: Veltkamp's split with the factor
+// 2^13 + 1, three fp32 operations against cvt.rna's four, exact for |x| < 2^115 (x 8193 overflows
+// past that, and NaN comes out, as it does for a NaN or infinite x). __fmul_rn keeps the product
+// rounded on its own: contracted into an FMA with the subtraction, the split would not be exact.
+__device__ __forceinline__ float tf32_split_high(float x) {
+  const float t = __fmul_rn(x, 8193.0f);
+  return __fsub_rn(t, __fsub_rn(t, x));
 }
 
 __device__ __forceinline__ void mma1688_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -226,52 +242,73 @@ struct MmaStep {
 // The tensor cores round each accumulation toward zero, a bias that grows with the number of mmas
 // summed into one accumulator (the state and o collect thousands): 3xTF32 sums each k slice's big
 // products and the step's small ones in fresh accumulators and adds them to c with one fp32 add.
+// TF32 alone (kTf32x3 false) takes operands read from shared memory as they are: the tiles there are
+// TF32 already (the caller rounds each element once, where it lands), so that a fragment load is
+// only loads, not a conversion per element of each of the 2-4 loads of it. Products re-packed as A
+// (a_from_c) are rounded here.
 template <bool kTf32x3>
 struct MmaStep<float, kTf32x3> {
   static constexpr int kParts = kTf32x3 ? 2 : 1;  // big, then small
   struct A { uint32_t r[2][kParts][4]; };          // [k slice][part][register]
   struct B { uint32_t r[2][2][kParts][2]; };       // [n-tile][k slice][part][register]
 
-  template <int N>
+  // element i of an operand: split into parts (3xTF32) or rounded, or, for a TF32 value read from a
+  // tile (kFromTile without kTf32x3), taken as it is
+  template <bool kFromTile, int N>
   static __device__ __forceinline__ void split(uint32_t (&parts)[kParts][N], int i, float x) {
-    parts[0][i] = to_tf32(x);
-    if constexpr (kTf32x3) parts[1][i] = to_tf32(x - __uint_as_float(parts[0][i]));
-  }
-  // one k slice of A from its four elements (g, 2t), (g+8, 2t), (g, 2t+1), (g+8, 2t+1)
-  static __device__ __forceinline__ void set_a(A& a, int s, float top0, float bottom0, float top1, float bottom1) {
-    split(a.r[s], 0, top0);
-    split(a.r[s], 1, bottom0);
-    split(a.r[s], 2, top1);
-    split(a.r[s], 3, bottom1);
-  }
-  static __device__ __forceinline__ void a_rows(A& a, const float* X, int ld, int m0, int k0, int lane) {
-    const float* top = X + (m0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      const float2 x = *reinterpret_cast<const float2*>(top + 8 * s);
-      const float2 y = *reinterpret_cast<const float2*>(top + 8 * ld + 8 * s);
-      set_a(a, s, x.x, y.x, x.y, y.y);
+    if constexpr (kFromTile && !kTf32x3) {
+      parts[0][i] = __float_as_uint(x);
+    } else if constexpr (kTf32x3) {
+      const float big = tf32_split_high(x);
+      parts[0][i] = __float_as_uint(big);
+      parts[1][i] = to_tf32_finite(x - big);
+    } else {
+      parts[0][i] = to_tf32(x);
     }
   }
+  // one k slice of A from its four elements (g, 2t), (g+8, 2t), (g, 2t+1), (g+8, 2t+1)
+  template <bool kFromTile>
+  static __device__ __forceinline__ void set_a(A& a, int s, float top0, float bottom0, float top1, float bottom1) {
+    split<kFromTile>(a.r[s], 0, top0);
+    split<kFromTile>(a.r[s], 1, bottom0);
+    split<kFromTile>(a.r[s], 2, top1);
+    split<kFromTile>(a.r[s], 3, bottom1);
+  }
+  // natural order: one ldmatrix per k slice, matrices (rows 0-7 | 8-15) x (columns 0-3 | 4-7)
+  static __device__ __forceinline__ void a_rows(A& a, const float* X, int ld, int m0, int k0, int lane) {
+    const float* row = X + (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + k0 + (lane >> 4) * 4;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      uint32_t r[4];
+      ldsm_x4(r, row + 8 * s);
+      set_a<true>(a, s, __uint_as_float(r[0]), __uint_as_float(r[1]), __uint_as_float(r[2]), __uint_as_float(r[3]));
+    }
+  }
+  // paired order: rows 2t and 2t + 1 of X[k][m]
   static __device__ __forceinline__ void a_columns(A& a, const float* X, int ld, int m0, int k0, int lane) {
     const float* k_row = X + (k0 + 2 * (lane & 3)) * ld + m0 + (lane >> 2);
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const float* r = k_row + 8 * s * ld;
-      set_a(a, s, r[0], r[8], r[ld], r[ld + 8]);
+      set_a<true>(a, s, r[0], r[8], r[ld], r[ld + 8]);
     }
   }
+  // natural order: one ldmatrix per k slice, matrices (n-tile 0 | 1) x (k 0-3 | 4-7)
   static __device__ __forceinline__ void b_nk(B& b, const float* X, int ld, int n0, int k0, int lane) {
-    const float* n_row = X + (n0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
+    const int mat = lane >> 3;
+    const float* row = X + (n0 + (mat >> 1) * 8 + (lane & 7)) * ld + k0 + (mat & 1) * 4;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int s = 0; s < 2; ++s) {
+      uint32_t r[4];
+      ldsm_x4(r, row + 8 * s);
 #pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        const float2 x = *reinterpret_cast<const float2*>(n_row + 8 * nt * ld + 8 * s);
-        split(b.r[nt][s], 0, x.x);
-        split(b.r[nt][s], 1, x.y);
+      for (int nt = 0; nt < 2; ++nt) {
+        split<true>(b.r[nt][s], 0, __uint_as_float(r[2 * nt]));
+        split<true>(b.r[nt][s], 1, __uint_as_float(r[2 * nt + 1]));
       }
+    }
   }
+  // paired order: rows 2t and 2t + 1 of X[k][n]
   static __device__ __forceinline__ void b_kn(B& b, const float* X, int ld, int n0, int k0, int lane) {
     const float* k_row = X + (k0 + 2 * (lane & 3)) * ld + n0 + (lane >> 2);
 #pragma unroll
@@ -279,13 +316,13 @@ struct MmaStep<float, kTf32x3> {
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         const float* r = k_row + 8 * s * ld + 8 * nt;
-        split(b.r[nt][s], 0, r[0]);
-        split(b.r[nt][s], 1, r[ld]);
+        split<true>(b.r[nt][s], 0, r[0]);
+        split<true>(b.r[nt][s], 1, r[ld]);
       }
   }
   static __device__ __forceinline__ void a_from_c(A& a, const float (&c0)[4], const float (&c1)[4]) {
-    set_a(a, 0, c0[0], c0[2], c0[1], c0[3]);
-    set_a(a, 1, c1[0], c1[2], c1[1], c1[3]);
+    set_a<false>(a, 0, c0[0], c0[2], c0[1], c0[3]);
+    set_a<false>(a, 1, c1[0], c1[2], c1[1], c1[3]);
   }
   static __device__ __forceinline__ void mma(float (&c)[4], const A& a, const B& b, int n_tile) {
     if constexpr (kTf32x3) {

@@ -19,11 +19,16 @@
 //
 // Work split: one block of 4 warps per (sequence, output tile, kv head). Warp w computes output
 // rows [16w, 16w+16) and owns state rows [w DI/4, (w+1) DI/4). Tiles of the next steps stream in
-// with cp.async while the current one is computed (NS stages). A step is one (chunk, query head)
+// with cp.async while the current one is computed (NS stages; with one, the SM's other blocks run
+// while a block waits for its tiles). A step is one (chunk, query head)
 // pair; operands of the kv head are simply loaded again for each query head (GQA, served by L2).
 // kPadded: the real inner dim may be less than DI and the output dim any multiple of 8 (tiles.h,
 // padded head dims): the tiles load zeros past the real columns, so every product over them adds
 // nothing, and only real columns of S, z and the outputs are read or written.
+// fp32 on TF32 mma alone (kTf32: fp32 without kTf32x3): the tiles are rounded to TF32 once, as they
+// land (tf32_round_own_pieces, tc_transform_tile), and so is the published state, so that the
+// products read TF32 operands as they are. The normalizer's column sums are taken in fp32 before
+// their tile is rounded (tf32_sum_and_round_column): z is a sum, not a product, and stays exact.
 #pragma once
 
 #include "scan_roles.cuh"
@@ -39,11 +44,12 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
   using L = MmaLayout<T, DI>;
   using M = MmaStep<T, kTf32x3>;
   constexpr int NS = L::NS, KT = DI / 64, C = kChunk, NC = L::NC, NT = NC / 8, NP = NC / 16;
+  constexpr bool kTf32 = sizeof(T) == 4 && !kTf32x3;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   T* st = reinterpret_cast<T*>(smem_bytes);
   float* fl = reinterpret_cast<float*>(smem_bytes + int64_t(L::t_elems) * sizeof(T));
   T* Sh = st + L::Sh;
-  T* Sl = st + L::Sl;
+  T* Sl = st + L::Sl;  // 16-bit T only
   float* z = fl + L::z;
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
@@ -126,8 +132,9 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
             const float2 back = unpack2<T>(hi);
             *reinterpret_cast<uint32_t*>(Sh + d * L::LC + c) = hi;
             *reinterpret_cast<uint32_t*>(Sl + d * L::LC + c) = pack2<T>(x0 - back.x, x1 - back.y);
-          } else {
-            store2<T>(Sh + d * L::LC + c, x0, x1);
+          } else {  // fp32, transposed: [c][d]
+            Sh[c * L::LS + d] = kTf32 ? tf32_rounded(x0) : x0;
+            Sh[(c + 1) * L::LS + d] = kTf32 ? tf32_rounded(x1) : x1;
           }
         }
   };
@@ -198,24 +205,48 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
     if (i < steps) issue(i);
     cp_async_commit();
   }
+  // kTf32 with the normalizer: the tile whose column sums it adds (forward: B into z; dq, dk: Cv into
+  // the column vector) is rounded after they are taken, in fp32 from the tile as it landed
+  const bool sums_tile = kTf32 && p.normalize && (R == ScanRole::kForward || R == ScanRole::kGradQ || R == ScanRole::kGradK);
+  constexpr bool summed_b = R == ScanRole::kForward;
   bool nonfinite = false;  // a row this thread wrote was not finite (note_nonfinite, after the steps)
   float O[NT][4];
   for (int i = 0; i < steps; ++i) {
     if (i + NS - 1 < steps) issue(i + NS - 1);
     cp_async_commit();
     cp_async_wait<NS - 1>();
-    __syncthreads();  // step i has landed for every thread
-
-    const Step s = step_at(i);
     T* As = st + (i % NS) * L::stage + L::A;
     T* Bs = st + (i % NS) * L::stage + L::B;
     T* Cs = st + (i % NS) * L::stage + L::C;
+    if constexpr (kTf32) {  // tiles that tc_transform_tile rewrites are rounded there, once
+      if (!split.state_only && !tc_transforms(Info::a, p, feat)) tf32_round_own_pieces(As, L::LI, DI, tid);
+      if (!(sums_tile && summed_b) && !tc_transforms(Info::b, p, feat)) tf32_round_own_pieces(Bs, L::LI, DI, tid);
+      if constexpr (Info::c != Operand::kNone)
+        if (!(sums_tile && !summed_b) && !tc_transforms(Info::c, p, feat)) tf32_round_own_pieces(Cs, L::LC, NC, tid);
+    }
+    __syncthreads();  // step i has landed for every thread
+
+    const Step s = step_at(i);
     const float* w_s = fl + (i % NS) * L::f_stage + L::w;
     const float* dd_s = fl + (i % NS) * L::f_stage + L::dd;
-    bool changed = !split.state_only && tc_transform_tile<T>(As, L::LI, Info::a, DI, s.cl, w_s, p, feat, scale, tid);
-    changed |= tc_transform_tile<T>(Bs, L::LI, Info::b, DI, s.cl, w_s, p, feat, scale, tid);
+    bool changed =
+        !split.state_only && tc_transform_tile<T>(As, L::LI, Info::a, DI, s.cl, w_s, p, feat, scale, tid, kTf32);
+    const bool b_changed = tc_transform_tile<T>(Bs, L::LI, Info::b, DI, s.cl, w_s, p, feat, scale, tid,
+                                                kTf32 && !(sums_tile && summed_b));
+    bool c_changed = false;
     if constexpr (Info::c != Operand::kNone)
-      changed |= tc_transform_tile<T>(Cs, L::LC, Info::c, NC, s.cl, w_s, p, feat, scale, tid);
+      c_changed = tc_transform_tile<T>(Cs, L::LC, Info::c, NC, s.cl, w_s, p, feat, scale, tid,
+                                       kTf32 && !(sums_tile && !summed_b));
+    changed |= b_changed || c_changed;
+    float column_sum = 0.f;  // kTf32 with the normalizer: column tid of the summed tile, before rounding
+    if constexpr (kTf32) {
+      if (sums_tile) {
+        if (summed_b ? b_changed : c_changed) __syncthreads();
+        column_sum = summed_b ? tf32_sum_and_round_column<R>(Bs, L::LI, DI, dd_s, tid)
+                              : tf32_sum_and_round_column<R>(Cs, L::LC, NC, dd_s, tid);
+        changed = true;
+      }
+    }
     if (changed) __syncthreads();
 
     // ---- outputs of the step (pass 1 of a split scan only moves the state) ------------------------
@@ -282,7 +313,10 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
 #pragma unroll
             for (int pr = 0; pr < NP; ++pr) {
               typename M::B b;
-              M::b_kn(b, part == 0 ? Sh : Sl, L::LC, 16 * pr, kk, lane);
+              if constexpr (L::state_transposed)
+                M::b_nk(b, Sh, L::LS, 16 * pr, kk, lane);
+              else
+                M::b_kn(b, part == 0 ? Sh : Sl, L::LS, 16 * pr, kk, lane);
               M::mma(O[2 * pr], a, b, 0);
               M::mma(O[2 * pr + 1], a, b, 1);
             }
@@ -386,7 +420,11 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
     }
     __syncthreads();  // every warp is done reading Sh/Sl and z of this step
     if (update) {
-      if (p.normalize) tc_add_column_sums<T, R, DI>(z, Bs, Cs, dd_s, tid);
+      if constexpr (kTf32) {
+        if (sums_tile && tid < (summed_b ? DI : NC)) z[tid] += column_sum;
+      } else if (p.normalize) {
+        tc_add_column_sums<T, R, DI>(z, Bs, Cs, dd_s, tid);
+      }
       if (!split.state_only) publish_state();
     }
     __syncthreads();  // stage i may be overwritten; z and the state copy are published

@@ -9,15 +9,55 @@
 
 namespace attnrnn::cuda {
 
-// phi on q/k tiles and the row weights w on dout tiles, in place (rows past the chunk's cl stay 0).
+// fp32 tiles for TF32 mma alone (MmaStep<float, false> reads them as they are): each thread rounds
+// the pieces of a landed tile that it copied itself (load_tile's rows and column piece), after its
+// own cp.async wait and before the step's barrier, so that rounding needs no barrier of its own.
+__device__ __forceinline__ void tf32_round_own_pieces(float* tile, int ld, int width, int tid) {
+  const int pieces = width / kPieceElems<float>, rows_per_pass = kScanThreads / pieces;
+  const int e = (tid % pieces) * kPieceElems<float>;
+  for (int t = tid / pieces; t < kChunk; t += rows_per_pass) {
+    float4* piece = reinterpret_cast<float4*>(tile + t * ld + e);
+    float4 x = *piece;
+    x = make_float4(tf32_rounded(x.x), tf32_rounded(x.y), tf32_rounded(x.z), tf32_rounded(x.w));
+    *piece = x;
+  }
+}
+
+// The same rounding for the tile whose column sums the normalizer adds (kTf32 with normalize: forward
+// B, dq and dk Cv), after the landing barrier: thread c sums column c in fp32 as it landed (dk: rows
+// weighted by dd, as tc_add_column_sums does) and writes it back rounded. Returns the sum (0 past
+// width), which the thread adds to its column of z after the step's reads of z.
+template <ScanRole R>
+__device__ __forceinline__ float tf32_sum_and_round_column(float* tile, int ld, int width, const float* dd_s, int tid) {
+  if (tid >= width) return 0.f;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+  for (int t = 0; t < kChunk; ++t) {
+    float& x = tile[t * ld + tid];
+    acc[t & 3] += (R == ScanRole::kGradK ? dd_s[t] : 1.f) * x;
+    x = tf32_rounded(x);
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+// Whether tc_transform_tile rewrites tiles of source src: dout's always, q's and k's where the
+// sweep applies the feature map itself.
+__device__ __forceinline__ bool tc_transforms(Operand src, const ChunkArgs& p, const ScanFeatures& feat) {
+  const bool fm = (src == Operand::kQ || src == Operand::kK) && p.feature_map != FeatureMap::kIdentity &&
+                  feat.q.data == nullptr;
+  return fm || src == Operand::kDout;
+}
+
+// phi on q/k tiles and the row weights w on dout tiles, in place (rows past the chunk's cl stay 0),
+// the results of fp32 tiles rounded to TF32 where tf32 (TF32 mma alone, unless the normalizer sums
+// the tile first).
 // Returns whether the tile changed (the caller then needs a barrier before reading it).
 template <class T>
 __device__ __forceinline__ bool tc_transform_tile(T* tile, int ld, Operand src, int width, int cl, const float* w,
                                                   const ChunkArgs& p, const ScanFeatures& feat, float scale,
-                                                  int tid) {
-  const bool fm = (src == Operand::kQ || src == Operand::kK) && p.feature_map != FeatureMap::kIdentity &&
-                  feat.q.data == nullptr;
-  if (!fm && src != Operand::kDout) return false;
+                                                  int tid, bool tf32 = false) {
+  if (!tc_transforms(src, p, feat)) return false;
+  const bool fm = src != Operand::kDout;
   const int pieces = width / kPieceElems<T>;
   for (int i = tid; i < kChunk * pieces; i += kScanThreads) {
     const int t = i / pieces, e = (i % pieces) * kPieceElems<T>;
@@ -28,8 +68,8 @@ __device__ __forceinline__ bool tc_transform_tile(T* tile, int ld, Operand src, 
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if constexpr (sizeof(T) == 4) {
-        const float f = __uint_as_float(u[j]);
-        u[j] = __float_as_uint(fm ? phi(p.feature_map, f) : f * wt);
+        const float f = __uint_as_float(u[j]), y = fm ? phi(p.feature_map, f) : f * wt;
+        u[j] = tf32 ? to_tf32(y) : __float_as_uint(y);
       } else {
         float2 f = unpack2<T>(u[j]);
         f = fm ? make_float2(phi(p.feature_map, f.x), phi(p.feature_map, f.y)) : make_float2(f.x * wt, f.y * wt);

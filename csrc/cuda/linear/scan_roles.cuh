@@ -46,19 +46,23 @@ struct MmaLayout {
   static constexpr int NS = Tiles::stages;             // pipeline stages
   static constexpr int min_blocks = Tiles::blocks_per_sm;
   static constexpr int NC = Tiles::columns;            // output columns per block
-  // Row strides. 16-bit: +8 keeps ldmatrix conflict free. fp32: rows read as float2 by 16 lanes want
-  // a stride of 8 words mod 32 (A, B), columns read one word per lane (Cv, S) 4 mod 16.
-  static constexpr int LI = DI + 8, LC = fp32 ? NC + 4 : NC + 8;
-  // The state as the product A S reads it: bf16/fp16 hi + lo parts (~16 mantissa bits); fp32 whole
-  // (MmaStep rounds it to TF32 as it does every fp32 operand).
+  // Row strides, for conflict-free shared reads. 16-bit: +8 keeps ldmatrix conflict free. fp32:
+  // ldmatrix of 16-byte row pieces (A, B, the transposed state) wants a stride of 4 words mod 32, and
+  // so do the word-per-lane reads of rows 2t and 2t + 1 of B and Cv (MmaStep<float>: 8t + g).
+  static constexpr int LI = fp32 ? DI + 4 : DI + 8, LC = fp32 ? NC + 4 : NC + 8;
+  // The state as the product A S reads it: bf16/fp16 row-major [DI][LC] in hi + lo parts (~16 mantissa
+  // bits); fp32 whole and transposed, [NC][LI], for ldmatrix (TF32 alone: rounded to TF32 as it is
+  // published; 3xTF32: split by MmaStep as it is read).
   static constexpr int state_parts = fp32 ? 1 : 2;
+  static constexpr bool state_transposed = fp32;
+  static constexpr int LS = fp32 ? LI : LC;               // the state's row stride
   static constexpr int A = 0;                         // [64][LI]  row operand
   static constexpr int B = A + kChunk * LI;         // [64][LI]  column operand
   static constexpr int C = B + kChunk * LI;         // [64][LC]  value operand
   static constexpr int stage = C + kChunk * LC;     // one pipeline stage (T elements)
-  static constexpr int Sh = NS * stage;               // [DI][LC]  state (hi)
-  static constexpr int Sl = Sh + DI * LC;             // [DI][LC]  state lo (16-bit T only)
-  static constexpr int t_elems = Sh + state_parts * DI * LC;
+  static constexpr int Sh = NS * stage;               // [DI][LC] state (hi), fp32 [NC][LI]
+  static constexpr int Sl = Sh + DI * LC;             // [DI][LC] state lo (16-bit T only)
+  static constexpr int t_elems = Sh + (fp32 ? NC * LI : 2 * DI * LC);
   // floats after the T region: per stage w[64], dd[64]; then z[max(DI, 64)]
   static constexpr int w = 0, dd = kChunk, f_stage = 2 * kChunk, z = NS * f_stage;
   static constexpr int f_elems = z + (DI > NC ? DI : NC);
