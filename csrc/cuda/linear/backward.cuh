@@ -24,27 +24,36 @@
 
 namespace attnrnn::cuda {
 
+// The weights kernel of value dims run as V lanes' worth (kPadded: the real dim is less than V),
+// for o's rows aligned to 16 bytes or not.
+template <class T, int V, bool kPadded>
+auto grad_weights_for(bool out16) {
+  return out16 ? grad_weights_kernel<T, V, true, kPadded> : grad_weights_kernel<T, V, false, kPadded>;
+}
+
 // w and dd from the forward's saved w: a grid of at most 8 blocks per SM (the grid-stride loop takes
 // the rest), fewer where there are fewer rows.
 template <class T>
 Status launch_grad_weights(const ChunkPlan& plan, const ChunkArgs& p) {
-  // padded value dims run as 64, 128 or 256 lanes' worth, those past V adding zeros
+  // value dims other than 64 and 128 run padded to 64, 128 or 256 lanes' worth, those past the real
+  // dim adding zeros (256: bf16/fp16 on wgmma; fp32 stops at 128, mma.sync's largest)
   const int64_t V = p.head_dim_v <= 64 ? 64 : p.head_dim_v <= 128 ? 128 : 256;
+  const bool padded = p.head_dim_v != V || V == 256;
   const int64_t rows = p.batch * p.seqlen * p.num_heads;
   const int64_t lanes = V / kPieceElems<T>;  // per row: grad_weights_lanes<T, V>()
   const int64_t rows_per_block = (kDdThreads / 32) * (32 / lanes) * kDdUnroll;
   const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, int64_t(sm_count()) * 8);
   if (blocks == 0) return Status::kSuccess;
   const bool out16 = plan.out_rows_aligned16;
-  auto kernel = V == 64 ? (out16 ? grad_weights_kernel<T, 64, true> : grad_weights_kernel<T, 64, false>)
-                        : (out16 ? grad_weights_kernel<T, 128, true> : grad_weights_kernel<T, 128, false>);
-  if (p.head_dim_v != 64 && p.head_dim_v != 128) {  // padded value dims (fp32's only up to 128: mma.sync)
-    kernel = V == 64 ? (out16 ? grad_weights_kernel<T, 64, true, true> : grad_weights_kernel<T, 64, false, true>)
-                     : (out16 ? grad_weights_kernel<T, 128, true, true> : grad_weights_kernel<T, 128, false, true>);
-    if constexpr (sizeof(T) == 2) {
-      if (V == 256)
-        kernel = out16 ? grad_weights_kernel<T, 256, true, true> : grad_weights_kernel<T, 256, false, true>;
-    }
+  decltype(&grad_weights_kernel<T, 64, true>) kernel = nullptr;
+  if (V == 64) {
+    kernel = padded ? grad_weights_for<T, 64, true>(out16) : grad_weights_for<T, 64, false>(out16);
+  } else if (V == 128) {
+    kernel = padded ? grad_weights_for<T, 128, true>(out16) : grad_weights_for<T, 128, false>(out16);
+  } else if constexpr (sizeof(T) == 2) {
+    kernel = grad_weights_for<T, 256, true>(out16);
+  } else {
+    return fail(Status::kInvalidArgument, "chunk_linear_attn backward: fp32 weights past V = 128");
   }
   kernel<<<static_cast<unsigned>(blocks), kDdThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p);
   return check_launch("chunk_linear_attn backward (weights from the forward's denominators)");
