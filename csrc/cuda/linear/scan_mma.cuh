@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
           if constexpr (L::state_parts == 2) {
             const uint32_t hi = pack2<T>(x0, x1);
             const float2 back = unpack2<T>(hi);
-            *reinterpret_cast<uint32_t*>(Sh + d * L::LC + c) = hi;
-            *reinterpret_cast<uint32_t*>(Sl + d * L::LC + c) = pack2<T>(x0 - back.x, x1 - back.y);
+            *reinterpret_cast<uint32_t*>(Sh + d * L::LS + c) = hi;
+            *reinterpret_cast<uint32_t*>(Sl + d * L::LS + c) = pack2<T>(x0 - back.x, x1 - back.y);
           } else {  // fp32, transposed: [c][d]
             Sh[c * L::LS + d] = kTf32 ? tf32_rounded(x0) : x0;
             Sh[(c + 1) * L::LS + d] = kTf32 ? tf32_rounded(x1) : x1;

@@ -50,19 +50,21 @@ struct MmaLayout {
   // ldmatrix of 16-byte row pieces (A, B, the transposed state) wants a stride of 4 words mod 32, and
   // so do the word-per-lane reads of rows 2t and 2t + 1 of B and Cv (MmaStep<float>: 8t + g).
   static constexpr int LI = fp32 ? DI + 4 : DI + 8, LC = fp32 ? NC + 4 : NC + 8;
-  // The state as the product A S reads it: bf16/fp16 row-major [DI][LC] in hi + lo parts (~16 mantissa
-  // bits); fp32 whole and transposed, [NC][LI], for ldmatrix (TF32 alone: rounded to TF32 as it is
-  // published; 3xTF32: split by MmaStep as it is read).
+  // The state as the product A S reads it: bf16/fp16 row-major in hi + lo parts (~16 mantissa bits),
+  // the two side by side in each row ([DI][LS], hi in columns [0, NC), lo in [NC, 2 NC)), so that
+  // one row pad serves both: 2 KiB less than two padded arrays, which brings DI = 128 under the
+  // 99 KiB a block may take on sm_86 and sm_89; fp32 whole and transposed, [NC][LI], for ldmatrix
+  // (TF32 alone: rounded to TF32 as it is published; 3xTF32: split by MmaStep as it is read).
   static constexpr int state_parts = fp32 ? 1 : 2;
   static constexpr bool state_transposed = fp32;
-  static constexpr int LS = fp32 ? LI : LC;               // the state's row stride
+  static constexpr int LS = fp32 ? LI : 2 * NC + 8;        // the state's row stride
   static constexpr int A = 0;                         // [64][LI]  row operand
   static constexpr int B = A + kChunk * LI;         // [64][LI]  column operand
   static constexpr int C = B + kChunk * LI;         // [64][LC]  value operand
   static constexpr int stage = C + kChunk * LC;     // one pipeline stage (T elements)
-  static constexpr int Sh = NS * stage;               // [DI][LC] state (hi), fp32 [NC][LI]
-  static constexpr int Sl = Sh + DI * LC;             // [DI][LC] state lo (16-bit T only)
-  static constexpr int t_elems = Sh + (fp32 ? NC * LI : 2 * DI * LC);
+  static constexpr int Sh = NS * stage;               // [DI][LS] state (hi), fp32 [NC][LI]
+  static constexpr int Sl = Sh + NC;                  // state lo, beside hi in each row (16-bit T only)
+  static constexpr int t_elems = Sh + (fp32 ? NC * LI : DI * LS);
   // floats after the T region: per stage w[64], dd[64]; then z[max(DI, 64)]
   static constexpr int w = 0, dd = kChunk, f_stage = 2 * kChunk, z = NS * f_stage;
   static constexpr int f_elems = z + (DI > NC ? DI : NC);

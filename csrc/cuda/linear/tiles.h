@@ -20,7 +20,9 @@ constexpr int kScanThreads = 128;
 //   SM: forward at B4-T8192-H16-D128 677 -> 562 us;
 // - 3 blocks per SM at DI = 64 (73 KB, <= 168 registers), 2 at 128: ncu finds the scan latency bound
 //   (stall_wait on the mma chains 31-45%), and more resident warps hide it;
-// - 2 cp.async stages: 3 cost the third block per SM.
+// - 2 cp.async stages: 3 cost the third block per SM;
+// - every layout takes at most 99,840 bytes (bf16/fp16 at DI = 128), within the 101,376 a block may
+//   take on sm_86 and sm_89 (MmaLayout keeps the state's hi and lo parts in one padded row for it).
 // kFp32 (fp32 operands on TF32 mma): tiles of 4-byte elements, 32 columns at both inner dims, so that
 // two blocks fit per SM: at DI = 64 with 2 stages (96 KiB each), at DI = 128 with 1 (93 KiB; 2 stages
 // take 174 KiB and leave one block of 4 warps per SM, one warp per scheduler to carry every latency).
