@@ -207,8 +207,10 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
   }
   // kTf32 with the normalizer: the tile whose column sums it adds (forward: B into z; dq, dk: Cv into
   // the column vector) is rounded after they are taken, in fp32 from the tile as it landed
-  const bool sums_tile = kTf32 && p.normalize && (R == ScanRole::kForward || R == ScanRole::kGradQ || R == ScanRole::kGradK);
+  const bool sums_tile =
+      kTf32 && p.normalize && (R == ScanRole::kForward || R == ScanRole::kGradQ || R == ScanRole::kGradK);
   constexpr bool summed_b = R == ScanRole::kForward;
+  const bool sums_b = sums_tile && summed_b, sums_c = sums_tile && !summed_b;  // rounded after the sums
   bool nonfinite = false;  // a row this thread wrote was not finite (note_nonfinite, after the steps)
   float O[NT][4];
   for (int i = 0; i < steps; ++i) {
@@ -220,9 +222,9 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
     T* Cs = st + (i % NS) * L::stage + L::C;
     if constexpr (kTf32) {  // tiles that tc_transform_tile rewrites are rounded there, once
       if (!split.state_only && !tc_transforms(Info::a, p, feat)) tf32_round_own_pieces(As, L::LI, DI, tid);
-      if (!(sums_tile && summed_b) && !tc_transforms(Info::b, p, feat)) tf32_round_own_pieces(Bs, L::LI, DI, tid);
+      if (!sums_b && !tc_transforms(Info::b, p, feat)) tf32_round_own_pieces(Bs, L::LI, DI, tid);
       if constexpr (Info::c != Operand::kNone)
-        if (!(sums_tile && !summed_b) && !tc_transforms(Info::c, p, feat)) tf32_round_own_pieces(Cs, L::LC, NC, tid);
+        if (!sums_c && !tc_transforms(Info::c, p, feat)) tf32_round_own_pieces(Cs, L::LC, NC, tid);
     }
     __syncthreads();  // step i has landed for every thread
 
@@ -231,12 +233,11 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
     const float* dd_s = fl + (i % NS) * L::f_stage + L::dd;
     bool changed =
         !split.state_only && tc_transform_tile<T>(As, L::LI, Info::a, DI, s.cl, w_s, p, feat, scale, tid, kTf32);
-    const bool b_changed = tc_transform_tile<T>(Bs, L::LI, Info::b, DI, s.cl, w_s, p, feat, scale, tid,
-                                                kTf32 && !(sums_tile && summed_b));
+    const bool b_changed =
+        tc_transform_tile<T>(Bs, L::LI, Info::b, DI, s.cl, w_s, p, feat, scale, tid, kTf32 && !sums_b);
     bool c_changed = false;
     if constexpr (Info::c != Operand::kNone)
-      c_changed = tc_transform_tile<T>(Cs, L::LC, Info::c, NC, s.cl, w_s, p, feat, scale, tid,
-                                       kTf32 && !(sums_tile && !summed_b));
+      c_changed = tc_transform_tile<T>(Cs, L::LC, Info::c, NC, s.cl, w_s, p, feat, scale, tid, kTf32 && !sums_c);
     changed |= b_changed || c_changed;
     float column_sum = 0.f;  // kTf32 with the normalizer: column tid of the summed tile, before rounding
     if constexpr (kTf32) {
