@@ -240,8 +240,10 @@ struct MmaStep {
 // ("3xTF32"): each operand x is split into big = tf32(x) and small = tf32(x - big), and
 // a b = big_a big_b + big_a small_b + small_a big_b (small_a small_b, ~2^-22 of the product, dropped).
 // The tensor cores round each accumulation toward zero, a bias that grows with the number of mmas
-// summed into one accumulator (the state and o collect thousands): 3xTF32 sums each k slice's big
-// products and the step's small ones in fresh accumulators and adds them to c with one fp32 add.
+// summed into one accumulator (the state and o collect thousands): 3xTF32 sums the step's products in
+// one fresh accumulator, the small ones first (their truncation stays at their own scale), then the
+// two k slices' big ones, and adds it to c with one fp32 add (round to nearest). Each big product
+// meets one truncation at the step's scale, as it would alone.
 // TF32 alone (kTf32x3 false) takes operands read from shared memory as they are: the tiles there are
 // TF32 already (the caller rounds each element once, where it lands), so that a fragment load is
 // only loads, not a conversion per element of each of the 2-4 loads of it. Products re-packed as A
@@ -326,15 +328,16 @@ struct MmaStep<float, kTf32x3> {
   }
   static __device__ __forceinline__ void mma(float (&c)[4], const A& a, const B& b, int n_tile) {
     if constexpr (kTf32x3) {
-      float big[2][4] = {}, small[4] = {};
+      float step[4] = {};
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
-        mma1688_tf32(small, a.r[s][0], b.r[n_tile][s][1]);
-        mma1688_tf32(small, a.r[s][1], b.r[n_tile][s][0]);
-        mma1688_tf32(big[s], a.r[s][0], b.r[n_tile][s][0]);
+        mma1688_tf32(step, a.r[s][0], b.r[n_tile][s][1]);
+        mma1688_tf32(step, a.r[s][1], b.r[n_tile][s][0]);
       }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) c[e] += (big[0][e] + big[1][e]) + small[e];
+      for (int s = 0; s < 2; ++s) mma1688_tf32(step, a.r[s][0], b.r[n_tile][s][0]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[e] += step[e];
     } else {
 #pragma unroll
       for (int s = 0; s < 2; ++s) mma1688_tf32(c, a.r[s][0], b.r[n_tile][s][0]);
