@@ -1,5 +1,6 @@
-"""The published benchmark results: every file in bench/results is described in its README, and a
-head-dim grid measured over several calls (bench.head_dims --append) keeps one file per GPU."""
+"""The published benchmark results: every file in bench/results is described in its README, a
+head-dim grid measured over several calls (bench.head_dims --append) keeps one file per GPU, and the
+README's head-dim tables quote that file."""
 import json
 import pathlib
 import sys
@@ -56,3 +57,44 @@ def test_published_head_dims_rows_belong_to_the_grid(head_dims):
     runs = {head_dims.row_run_name(r) for r in published["rows"]}
     assert runs <= names
     assert published["env"].get("partial", False) == bool(names - runs)
+
+
+def _readme_table(header):
+    """The rows (lists of cells) of the README table whose header row starts with `header`."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:  # past the header and its rule
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def _dims(cell):
+    """(K, V) of a README row: "32, H32" or "K 64, V 256, H8"."""
+    parts = [p.strip() for p in cell.split(",")]
+    if parts[0].startswith("K "):
+        return int(parts[0][2:]), int(parts[1][2:])
+    return int(parts[0]), int(parts[0])
+
+
+@pytest.mark.parametrize(
+    "dtype, header",
+    [("bf16", "| K = V, H | normalize |"), ("fp32-highest", "| K = V, H | precision |"),
+     ("fp32-high", "| K = V, H | precision |")],
+    ids=["bf16", "fp32-highest", "fp32-high"])
+def test_readme_head_dim_tables_quote_the_published_times(dtype, header):
+    """The README's forward+backward tables against fla show head_dims_h100.json's times, every row."""
+    quoted = {}
+    for cells in _readme_table(header):
+        if dtype.startswith("fp32"):  # a precision column: "highest (3xTF32)", "high (TF32)"
+            if cells[1].split()[0] != dtype.split("-")[1]:
+                continue
+            cells = cells[:1] + cells[2:]
+        K, V = _dims(cells[0])
+        quoted[(K, V, cells[1] == "yes")] = (float(cells[2].rstrip("*")), float(cells[3].rstrip("*")))
+    rows = json.loads((RESULTS / "head_dims_h100.json").read_text())["rows"]
+    published = {(r["K"], r["V"], r["normalize"]): (round(r["attnrnn_ms"], 3), round(r["fla_chunk_ms"], 3))
+                 for r in rows if r["dtype"] == dtype and r["mode"] == "fwd+bwd"}
+    assert quoted == published
