@@ -1,6 +1,6 @@
 """The published benchmark results: every file in bench/results is described in its README, a
 head-dim grid measured over several calls (bench.head_dims --append) keeps one file per GPU, and the
-README's head-dim tables quote that file."""
+README's head-dim and recurrent tables quote those files."""
 import json
 import pathlib
 import sys
@@ -97,4 +97,22 @@ def test_readme_head_dim_tables_quote_the_published_times(dtype, header):
     rows = json.loads((RESULTS / "head_dims_h100.json").read_text())["rows"]
     published = {(r["K"], r["V"], r["normalize"]): (round(r["attnrnn_ms"], 3), round(r["fla_chunk_ms"], 3))
                  for r in rows if r["dtype"] == dtype and r["mode"] == "fwd+bwd"}
+    assert quoted == published
+
+
+def test_readme_recurrent_table_quotes_the_published_times():
+    """The README's recurrent_linear_attn table shows recurrent_h100.json's times, every row."""
+    quoted = {}
+    for cells in _readme_table("| shape | normalize | forward: attnrnn |"):
+        B, T, D = cells[0].split("-")
+        quoted[(f"{B}-{T}-H16-{D}", cells[1] == "yes")] = tuple(float(c) for c in cells[2:8])
+    rows = json.loads((RESULTS / "recurrent_h100.json").read_text())["rows"]
+    by_impl = {(r["shape"], r["normalize"], r["impl"]): r for r in rows}
+    published = {}
+    for shape, normalize, impl in by_impl:
+        if impl != "attnrnn_recurrent":
+            continue
+        ours, fla = by_impl[(shape, normalize, impl)], by_impl[(shape, normalize, "fla_fused_recurrent")]
+        published[(shape, normalize)] = tuple(
+            round(r[key], 3) for key in ("fwd_ms", "fwdbwd_ms", "fwdbwd_gpu_ms") for r in (ours, fla))
     assert quoted == published
