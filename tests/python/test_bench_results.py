@@ -1,6 +1,6 @@
 """The published benchmark results: every file in bench/results is described in its README, a
 head-dim grid measured over several calls (bench.head_dims --append) keeps one file per GPU, and the
-README's head-dim and recurrent tables quote those files."""
+README's tables of them (H200, head dims, recurrent form) quote those files."""
 import json
 import pathlib
 import sys
@@ -115,4 +115,22 @@ def test_readme_recurrent_table_quotes_the_published_times():
         ours, fla = by_impl[(shape, normalize, impl)], by_impl[(shape, normalize, "fla_fused_recurrent")]
         published[(shape, normalize)] = tuple(
             round(r[key], 3) for key in ("fwd_ms", "fwdbwd_ms", "fwdbwd_gpu_ms") for r in (ours, fla))
+    assert quoted == published
+
+
+def test_readme_h200_table_quotes_the_published_times():
+    """The README's forward+backward table on the H200 shows h200.json's times: attnrnn, fla's faster
+    form and plain PyTorch unnormalized, attnrnn and fla normalized (SDPA comes from another process)."""
+    quoted = {}
+    for cells in _readme_table("| B, T, H, D | attnrnn |"):
+        B, T, H, D = (c.strip() for c in cells[0].split(","))
+        quoted[f"B{B}-T{T}-H{H}-D{D}"] = tuple(float(c) for c in cells[1:6])
+    rows = json.loads((RESULTS / "h200.json").read_text())["rows"]
+    train = {(r["shape"], r["normalize"], r["impl"]): r for r in rows
+             if r["suite"] == "train" and r["mode"] == "fwd+bwd"}
+    published = {}
+    for shape in {key[0] for key in train}:
+        plain, norm = train[(shape, False, "attnrnn")], train[(shape, True, "attnrnn")]
+        published[shape] = tuple(round(x, 3) for x in (
+            plain["ms"], plain["fla_best_ms"], train[(shape, False, "torch_chunk")]["ms"], norm["ms"], norm["fla_best_ms"]))
     assert quoted == published
