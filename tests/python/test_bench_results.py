@@ -1,6 +1,6 @@
 """The published benchmark results: every file in bench/results is described in its README, a
 head-dim grid measured over several calls (bench.head_dims --append) keeps one file per GPU, and the
-README's tables of them (H200, head dims, recurrent form) quote those files."""
+tables of them in both READMEs (H200, head dims, recurrent form) quote those files."""
 import json
 import pathlib
 import sys
@@ -59,9 +59,9 @@ def test_published_head_dims_rows_belong_to_the_grid(head_dims):
     assert published["env"].get("partial", False) == bool(names - runs)
 
 
-def _readme_table(header):
-    """The rows (lists of cells) of the README table whose header row starts with `header`."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+def _readme_table(header, readme=ROOT / "README.md"):
+    """The rows (lists of cells) of the table in `readme` whose header row starts with `header`."""
+    lines = readme.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = []
     for line in lines[start + 2:]:  # past the header and its rule
@@ -143,4 +143,24 @@ def test_readme_h200_table_quotes_the_published_times():
         plain, norm = train[(shape, False, "attnrnn")], train[(shape, True, "attnrnn")]
         published[shape] = tuple(round(x, 3) for x in (
             plain["ms"], plain["fla_best_ms"], train[(shape, False, "torch_chunk")]["ms"], norm["ms"], norm["fla_best_ms"]))
+    assert quoted == published
+
+
+def test_results_readme_h200_table_quotes_the_published_times():
+    """bench/results/README.md's H200 table shows h200.json's times: forward and forward+backward of
+    attnrnn, fla's faster form and plain PyTorch, in both normalize modes."""
+    quoted = {}
+    for cells in _readme_table("| shape | normalize | forward: attnrnn |", RESULTS / "README.md"):
+        quoted[(cells[0], cells[1] == "yes")] = tuple(cells[2:8])
+    rows = json.loads((RESULTS / "h200.json").read_text())["rows"]
+    train = {(r["shape"], r["normalize"], r["mode"], r["impl"]): r for r in rows if r["suite"] == "train"}
+    published = {}
+    for shape, normalize, mode, impl in train:
+        if mode != "fwd" or impl != "attnrnn":
+            continue
+        cells = []
+        for mode in ("fwd", "fwd+bwd"):
+            ours = train[(shape, normalize, mode, "attnrnn")]
+            cells += [ours["ms"], ours["fla_best_ms"], train[(shape, normalize, mode, "torch_chunk")]["ms"]]
+        published[(shape, normalize)] = tuple(f"{x:.3f}" for x in cells)
     assert quoted == published
