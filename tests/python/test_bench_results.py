@@ -79,6 +79,11 @@ def _dims(cell):
     return int(parts[0]), int(parts[0])
 
 
+def _ms(x):
+    """A time as the tables print it."""
+    return f"{x:.3f}"
+
+
 @pytest.mark.parametrize(
     "dtype, header",
     [("bf16", "| K = V, H | normalize |"), ("fp32-highest", "| K = V, H | precision |"),
@@ -101,31 +106,36 @@ def test_readme_head_dim_tables_quote_the_published_times(dtype, header):
     for r in rows:
         if r["dtype"] != dtype or r["mode"] != "fwd+bwd":
             continue
-        cells = [f"{r['attnrnn_ms']:.3f}", f"{r['fla_chunk_ms']:.3f}", f"{r['speedup']:.2f}"]
+        cells = [_ms(r["attnrnn_ms"]), _ms(r["fla_chunk_ms"]), f"{r['speedup']:.2f}"]
         if dtype == "bf16":
             mma_sync = r.get("attnrnn_mma_sync_ms")
-            cells += [f"{r['pct_of_floor']:.0f}", "" if mma_sync is None else f"{mma_sync:.3f}"]
+            cells += [f"{r['pct_of_floor']:.0f}", "" if mma_sync is None else _ms(mma_sync)]
         else:
             cells.append(f"{r['attnrnn_ms'] / r['fla_chunk_ms']:.2f}")
         published[(r["K"], r["V"], r["normalize"])] = tuple(cells)
     assert quoted == published
+
 
 def test_readme_recurrent_table_quotes_the_published_times():
     """The README's recurrent_linear_attn table shows recurrent_h100.json's times, every row."""
     quoted = {}
     for cells in _readme_table("| shape | normalize | forward: attnrnn |"):
         B, T, D = cells[0].split("-")
-        quoted[(f"{B}-{T}-H16-{D}", cells[1] == "yes")] = tuple(float(c) for c in cells[2:8])
+        quoted[(f"{B}-{T}-H16-{D}", cells[1] == "yes")] = tuple(cells[2:8])
     rows = json.loads((RESULTS / "recurrent_h100.json").read_text())["rows"]
     by_impl = {(r["shape"], r["normalize"], r["impl"]): r for r in rows}
     published = {}
-    for shape, normalize, impl in by_impl:
-        if impl != "attnrnn_recurrent":
-            continue
-        ours, fla = by_impl[(shape, normalize, impl)], by_impl[(shape, normalize, "fla_fused_recurrent")]
+    for shape, normalize in {(shape, normalize) for shape, normalize, _ in by_impl}:
+        ours, fla = by_impl[(shape, normalize, "attnrnn_recurrent")], by_impl[(shape, normalize, "fla_fused_recurrent")]
         published[(shape, normalize)] = tuple(
-            round(r[key], 3) for key in ("fwd_ms", "fwdbwd_ms", "fwdbwd_gpu_ms") for r in (ours, fla))
+            _ms(r[key]) for key in ("fwd_ms", "fwdbwd_ms", "fwdbwd_gpu_ms") for r in (ours, fla))
     assert quoted == published
+
+
+def _h200_training_rows():
+    """h200.json's training shapes: {(shape, normalize, mode, impl): row}."""
+    rows = json.loads((RESULTS / "h200.json").read_text())["rows"]
+    return {(r["shape"], r["normalize"], r["mode"], r["impl"]): r for r in rows if r["suite"] == "train"}
 
 
 def test_readme_h200_table_quotes_the_published_times():
@@ -134,15 +144,14 @@ def test_readme_h200_table_quotes_the_published_times():
     quoted = {}
     for cells in _readme_table("| B, T, H, D | attnrnn |"):
         B, T, H, D = (c.strip() for c in cells[0].split(","))
-        quoted[f"B{B}-T{T}-H{H}-D{D}"] = tuple(float(c) for c in cells[1:6])
-    rows = json.loads((RESULTS / "h200.json").read_text())["rows"]
-    train = {(r["shape"], r["normalize"], r["impl"]): r for r in rows
-             if r["suite"] == "train" and r["mode"] == "fwd+bwd"}
+        quoted[f"B{B}-T{T}-H{H}-D{D}"] = tuple(cells[1:6])
+    train = _h200_training_rows()
     published = {}
     for shape in {key[0] for key in train}:
-        plain, norm = train[(shape, False, "attnrnn")], train[(shape, True, "attnrnn")]
-        published[shape] = tuple(round(x, 3) for x in (
-            plain["ms"], plain["fla_best_ms"], train[(shape, False, "torch_chunk")]["ms"], norm["ms"], norm["fla_best_ms"]))
+        plain, norm = train[(shape, False, "fwd+bwd", "attnrnn")], train[(shape, True, "fwd+bwd", "attnrnn")]
+        torch_chunk = train[(shape, False, "fwd+bwd", "torch_chunk")]
+        published[shape] = tuple(
+            _ms(x) for x in (plain["ms"], plain["fla_best_ms"], torch_chunk["ms"], norm["ms"], norm["fla_best_ms"]))
     assert quoted == published
 
 
@@ -152,15 +161,12 @@ def test_results_readme_h200_table_quotes_the_published_times():
     quoted = {}
     for cells in _readme_table("| shape | normalize | forward: attnrnn |", RESULTS / "README.md"):
         quoted[(cells[0], cells[1] == "yes")] = tuple(cells[2:8])
-    rows = json.loads((RESULTS / "h200.json").read_text())["rows"]
-    train = {(r["shape"], r["normalize"], r["mode"], r["impl"]): r for r in rows if r["suite"] == "train"}
+    train = _h200_training_rows()
     published = {}
-    for shape, normalize, mode, impl in train:
-        if mode != "fwd" or impl != "attnrnn":
-            continue
+    for shape, normalize in {(key[0], key[1]) for key in train}:
         cells = []
         for mode in ("fwd", "fwd+bwd"):
             ours = train[(shape, normalize, mode, "attnrnn")]
             cells += [ours["ms"], ours["fla_best_ms"], train[(shape, normalize, mode, "torch_chunk")]["ms"]]
-        published[(shape, normalize)] = tuple(f"{x:.3f}" for x in cells)
+        published[(shape, normalize)] = tuple(_ms(x) for x in cells)
     assert quoted == published
