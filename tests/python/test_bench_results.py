@@ -1,6 +1,7 @@
 """The published benchmark results: every file in bench/results is described in its README, a
 head-dim grid measured over several calls (bench.head_dims --append) keeps one file per GPU, and the
-tables of them in both READMEs (H200, head dims, recurrent form) quote those files."""
+tables of them in both READMEs (H200, head dims, recurrent form) and in docs/softmax.md (training and
+decode against SDPA) quote those files."""
 import json
 import pathlib
 import sys
@@ -169,4 +170,39 @@ def test_results_readme_h200_table_quotes_the_published_times():
             ours = train[(shape, normalize, mode, "attnrnn")]
             cells += [ours["ms"], ours["fla_best_ms"], train[(shape, normalize, mode, "torch_chunk")]["ms"]]
         published[(shape, normalize)] = tuple(_ms(x) for x in cells)
+    assert quoted == published
+
+
+def _softmax_h200():
+    return json.loads((RESULTS / "softmax_h200.json").read_text())
+
+
+def test_softmax_doc_training_table_quotes_the_published_times():
+    """docs/softmax.md's causal training table shows softmax_h200.json's rows: times, ratios and
+    TFLOP/s of ours and SDPA's, forward and forward+backward."""
+    quoted = {}
+    for cells in _readme_table("| train, causal: B, T, H, D |", ROOT / "docs" / "softmax.md"):
+        quoted[tuple(int(c) for c in cells[0].split(","))] = tuple(cells[1:])
+    published = {}
+    for r in _softmax_h200()["train"]:
+        published[(r["B"], r["T"], r["H"], r["D"])] = (
+            _ms(r["ours_fwd_ms"]), _ms(r["sdpa_fwd_ms"]), f"{r['fwd_ratio']:.2f}",
+            f"{r['ours_fwd_bwd_ms']:.2f}", f"{r['sdpa_fwd_bwd_ms']:.2f}", f"{r['fwd_bwd_ratio']:.2f}",
+            f"{r['ours_fwd_tflops']:.0f} / {r['ours_fwd_bwd_tflops']:.0f}",
+            f"{r['sdpa_fwd_tflops']:.0f} / {r['sdpa_fwd_bwd_tflops']:.0f}")
+    assert quoted == published
+
+
+def test_softmax_doc_decode_table_quotes_the_published_times():
+    """docs/softmax.md's decode table shows softmax_h200.json's decode rows in microseconds: ours, ours
+    with k_new appended, SDPA, the ratio and both shares of the read floor."""
+    quoted = {}
+    for cells in _readme_table("| decode, H = Hkv = 32, D = 128: B, L |", ROOT / "docs" / "softmax.md"):
+        quoted[tuple(int(c) for c in cells[0].split(","))] = tuple(cells[1:])
+    result = _softmax_h200()
+    published = {}
+    for r in result["decode"] + [result["long_decode"]]:
+        published[(r["B"], r["L"])] = (
+            f"{r['ours_ms'] * 1e3:.0f}", f"{r['ours_append_ms'] * 1e3:.0f}", f"{r['sdpa_ms'] * 1e3:.0f}",
+            f"{r['ratio']:.2f}", f"{r['ours_pct_floor']:.1f} / {r['sdpa_pct_floor']:.1f}")
     assert quoted == published
