@@ -12,6 +12,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 
 
+def _result(name):
+    """A file of bench/results, parsed."""
+    return json.loads((RESULTS / name).read_text())
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in RESULTS.iterdir() if p.name != "README.md"))
 def test_every_results_file_is_described_in_the_results_readme(name):
     assert f"`{name}`" in (RESULTS / "README.md").read_text()
@@ -54,15 +59,16 @@ def test_append_refuses_a_file_from_another_gpu(head_dims):
 
 def test_published_head_dims_rows_belong_to_the_grid(head_dims):
     names = set(head_dims.grid_runs()[1])
-    published = json.loads((RESULTS / "head_dims_h100.json").read_text())
+    published = _result("head_dims_h100.json")
     runs = {head_dims.row_run_name(r) for r in published["rows"]}
     assert runs <= names
     assert published["env"].get("partial", False) == bool(names - runs)
 
 
-def _readme_table(header, readme=ROOT / "README.md"):
-    """The rows (lists of cells) of the table in `readme` whose header row starts with `header`."""
-    lines = readme.read_text().splitlines()
+def _md_table(header, doc=ROOT / "README.md"):
+    """The rows (lists of cells) of the table in the Markdown file `doc` whose header row starts with
+    `header`."""
+    lines = doc.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = []
     for line in lines[start + 2:]:  # past the header and its rule
@@ -95,14 +101,14 @@ def test_readme_head_dim_tables_quote_the_published_times(dtype, header):
     bf16 with attnrnn x, % of the memory floor and the mma.sync sweeps' time; fp32 with attnrnn x and
     attnrnn's time over fla's."""
     quoted = {}
-    for cells in _readme_table(header):
+    for cells in _md_table(header):
         if dtype.startswith("fp32"):  # a precision column: "highest (3xTF32)", "high (TF32)"
             if cells[1].split()[0] != dtype.split("-")[1]:
                 continue
             cells = cells[:1] + cells[2:]
         K, V = _dims(cells[0])
         quoted[(K, V, cells[1] == "yes")] = tuple(c.rstrip("*") for c in cells[2:])
-    rows = json.loads((RESULTS / "head_dims_h100.json").read_text())["rows"]
+    rows = _result("head_dims_h100.json")["rows"]
     published = {}
     for r in rows:
         if r["dtype"] != dtype or r["mode"] != "fwd+bwd":
@@ -120,10 +126,10 @@ def test_readme_head_dim_tables_quote_the_published_times(dtype, header):
 def test_readme_recurrent_table_quotes_the_published_times():
     """The README's recurrent_linear_attn table shows recurrent_h100.json's times, every row."""
     quoted = {}
-    for cells in _readme_table("| shape | normalize | forward: attnrnn |"):
+    for cells in _md_table("| shape | normalize | forward: attnrnn |"):
         B, T, D = cells[0].split("-")
         quoted[(f"{B}-{T}-H16-{D}", cells[1] == "yes")] = tuple(cells[2:8])
-    rows = json.loads((RESULTS / "recurrent_h100.json").read_text())["rows"]
+    rows = _result("recurrent_h100.json")["rows"]
     by_impl = {(r["shape"], r["normalize"], r["impl"]): r for r in rows}
     published = {}
     for shape, normalize in {(shape, normalize) for shape, normalize, _ in by_impl}:
@@ -135,7 +141,7 @@ def test_readme_recurrent_table_quotes_the_published_times():
 
 def _h200_training_rows():
     """h200.json's training shapes: {(shape, normalize, mode, impl): row}."""
-    rows = json.loads((RESULTS / "h200.json").read_text())["rows"]
+    rows = _result("h200.json")["rows"]
     return {(r["shape"], r["normalize"], r["mode"], r["impl"]): r for r in rows if r["suite"] == "train"}
 
 
@@ -143,7 +149,7 @@ def test_readme_h200_table_quotes_the_published_times():
     """The README's forward+backward table on the H200 shows h200.json's times: attnrnn, fla's faster
     form and plain PyTorch unnormalized, attnrnn and fla normalized (SDPA comes from another process)."""
     quoted = {}
-    for cells in _readme_table("| B, T, H, D | attnrnn |"):
+    for cells in _md_table("| B, T, H, D | attnrnn |"):
         B, T, H, D = (c.strip() for c in cells[0].split(","))
         quoted[f"B{B}-T{T}-H{H}-D{D}"] = tuple(cells[1:6])
     train = _h200_training_rows()
@@ -160,7 +166,7 @@ def test_results_readme_h200_table_quotes_the_published_times():
     """bench/results/README.md's H200 table shows h200.json's times: forward and forward+backward of
     attnrnn, fla's faster form and plain PyTorch, in both normalize modes."""
     quoted = {}
-    for cells in _readme_table("| shape | normalize | forward: attnrnn |", RESULTS / "README.md"):
+    for cells in _md_table("| shape | normalize | forward: attnrnn |", RESULTS / "README.md"):
         quoted[(cells[0], cells[1] == "yes")] = tuple(cells[2:8])
     train = _h200_training_rows()
     published = {}
@@ -173,18 +179,14 @@ def test_results_readme_h200_table_quotes_the_published_times():
     assert quoted == published
 
 
-def _softmax_h200():
-    return json.loads((RESULTS / "softmax_h200.json").read_text())
-
-
 def test_softmax_doc_training_table_quotes_the_published_times():
     """docs/softmax.md's causal training table shows softmax_h200.json's rows: times, ratios and
     TFLOP/s of ours and SDPA's, forward and forward+backward."""
     quoted = {}
-    for cells in _readme_table("| train, causal: B, T, H, D |", ROOT / "docs" / "softmax.md"):
+    for cells in _md_table("| train, causal: B, T, H, D |", ROOT / "docs" / "softmax.md"):
         quoted[tuple(int(c) for c in cells[0].split(","))] = tuple(cells[1:])
     published = {}
-    for r in _softmax_h200()["train"]:
+    for r in _result("softmax_h200.json")["train"]:
         published[(r["B"], r["T"], r["H"], r["D"])] = (
             _ms(r["ours_fwd_ms"]), _ms(r["sdpa_fwd_ms"]), f"{r['fwd_ratio']:.2f}",
             f"{r['ours_fwd_bwd_ms']:.2f}", f"{r['sdpa_fwd_bwd_ms']:.2f}", f"{r['fwd_bwd_ratio']:.2f}",
@@ -197,9 +199,9 @@ def test_softmax_doc_decode_table_quotes_the_published_times():
     """docs/softmax.md's decode table shows softmax_h200.json's decode rows in microseconds: ours, ours
     with k_new appended, SDPA, the ratio and both shares of the read floor."""
     quoted = {}
-    for cells in _readme_table("| decode, H = Hkv = 32, D = 128: B, L |", ROOT / "docs" / "softmax.md"):
+    for cells in _md_table("| decode, H = Hkv = 32, D = 128: B, L |", ROOT / "docs" / "softmax.md"):
         quoted[tuple(int(c) for c in cells[0].split(","))] = tuple(cells[1:])
-    result = _softmax_h200()
+    result = _result("softmax_h200.json")
     published = {}
     for r in result["decode"] + [result["long_decode"]]:
         published[(r["B"], r["L"])] = (
