@@ -26,12 +26,12 @@ constexpr int kScanThreads = 128;
 // kFp32 (fp32 operands on TF32 mma): tiles of 4-byte elements, 32 columns at both inner dims, so that
 // two blocks fit per SM: at DI = 64 with 2 stages (96 KiB each), at DI = 128 with 1 (93 KiB; 2 stages
 // take 174 KiB and leave one block of 4 warps per SM, one warp per scheduler to carry every latency).
-// TF32 alone at DI = 64 fits three blocks per SM with 1 stage (~53 KiB, 149-164 registers), but lost
-// to two blocks of 2 stages: forward+backward at "high", B4-T8192 on an H100, K = V = 64 (H16)
-// 2.43 -> 2.86 ms unnormalized and 2.95 -> 3.37 normalized, K = V = 32 (H32) 2.50 -> 2.79.
 // Together with rounding the tiles to TF32 once, where they land, instead of at every fragment load:
 // forward+backward at B4-T8192-H16-K128 unnormalized on an H100, 8.77 -> 5.22 ms at "high" and
 // 27.5 -> 18.0 at "highest".
+// TF32 alone at DI = 64 fits three blocks per SM with 1 stage (~53 KiB, 149-164 registers), but lost
+// to two blocks of 2 stages: forward+backward at "high", B4-T8192 on an H100, K = V = 64 (H16)
+// 2.43 -> 2.86 ms unnormalized and 2.95 -> 3.37 normalized, K = V = 32 (H32) 2.50 -> 2.79.
 template <int DI, bool kFp32 = false>
 struct MmaTiles {
   static constexpr int columns = DI == 128 || kFp32 ? 32 : 64;
