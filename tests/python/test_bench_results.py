@@ -180,13 +180,13 @@ def test_results_readme_h200_table_quotes_the_published_times():
 
 
 def test_softmax_doc_training_table_quotes_the_published_times():
-    """docs/softmax.md's causal training table shows softmax_h200.json's rows: times, ratios and
+    """docs/softmax.md's causal training table shows softmax_h100.json's rows: times, ratios and
     TFLOP/s of ours and SDPA's, forward and forward+backward."""
     quoted = {}
     for cells in _md_table("| train, causal: B, T, H, D |", ROOT / "docs" / "softmax.md"):
         quoted[tuple(int(c) for c in cells[0].split(","))] = tuple(cells[1:])
     published = {}
-    for r in _result("softmax_h200.json")["train"]:
+    for r in _result("softmax_h100.json")["train"]:
         published[(r["B"], r["T"], r["H"], r["D"])] = (
             _ms(r["ours_fwd_ms"]), _ms(r["sdpa_fwd_ms"]), f"{r['fwd_ratio']:.2f}",
             f"{r['ours_fwd_bwd_ms']:.2f}", f"{r['sdpa_fwd_bwd_ms']:.2f}", f"{r['fwd_bwd_ratio']:.2f}",
@@ -196,12 +196,12 @@ def test_softmax_doc_training_table_quotes_the_published_times():
 
 
 def test_softmax_doc_decode_table_quotes_the_published_times():
-    """docs/softmax.md's decode table shows softmax_h200.json's decode rows in microseconds: ours, ours
+    """docs/softmax.md's decode table shows softmax_h100.json's decode rows in microseconds: ours, ours
     with k_new appended, SDPA, the ratio and both shares of the read floor."""
     quoted = {}
     for cells in _md_table("| decode, H = Hkv = 32, D = 128: B, L |", ROOT / "docs" / "softmax.md"):
         quoted[tuple(int(c) for c in cells[0].split(","))] = tuple(cells[1:])
-    result = _result("softmax_h200.json")
+    result = _result("softmax_h100.json")
     published = {}
     for r in result["decode"] + [result["long_decode"]]:
         published[(r["B"], r["L"])] = (
