@@ -11,7 +11,8 @@
 //   role     A        B        Cv       sweep    output                    state   extra (normalize)
 //   forward  phi(q)   phi(k)   v        forward  o  = s O / den            S       z += colsum(B)
 //   den      phi(q)   phi(k)   -        forward  w, dd per (token, head)   -       z += colsum(B)
-//   dq       dO''     v        phi(k)   forward  dq = O phi'(q)            S^T     P += dd_t, O += dd_t z
+//   dq       dout     v        phi(k)   forward  dq = w O phi'(q)          S^T     P += dd_t / w_t, O += (dd_t / w_t) z
+//            (fp32: dO'', dq = O phi'(q), P += dd_t, O += dd_t z)
 //   dk       v        dO''     phi(q)   reverse  dk = sum_h O phi'(k)      dS^T    P += dd_s, O += dz
 //   dv       phi(k)   phi(q)   dO''     reverse  dv = sum_h O              dS      -
 // (dq's z and dk's dz = dz_final + sum over later tokens of dd_s phi(q_s) live on the NC output
@@ -25,6 +26,11 @@
 // kPadded: the real inner dim may be less than DI and the output dim any multiple of 8 (tiles.h,
 // padded head dims): the tiles load zeros past the real columns, so every product over them adds
 // nothing, and only real columns of S, z and the outputs are read or written.
+// dq of bf16/fp16 keeps dout as loaded: its state moves with v and phi(k) alone, so w scales dq's fp32
+// output rows (and the scores and z terms take dd_t / w_t), as in the wgmma dq sweep. w dout rounded
+// to fp16 in the tile put dq past the numerics bound (relative RMS 2.1e-3 against 2e-3,
+// B1-T3000-H2-K64-V128 fp16 with normalize, on an H100). fp32 tiles are rounded to TF32 once either
+// way, and keep dO'' (the registers of two more floats per row made the 3xTF32 dq sweep spill).
 // fp32 on TF32 mma alone (kTf32: fp32 without kTf32x3): the tiles are rounded to TF32 once, as they
 // land (tf32_round_own_pieces, tc_transform_tile), and so is the published state, so that the
 // products read TF32 operands as they are. The normalizer's column sums are taken in fp32 before
@@ -45,6 +51,8 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
   using M = MmaStep<T, kTf32x3>;
   constexpr int NS = L::NS, KT = DI / 64, C = kChunk, NC = L::NC, NT = NC / 8, NP = NC / 16;
   constexpr bool kTf32 = sizeof(T) == 4 && !kTf32x3;
+  // dq of 16-bit T: A is dout as loaded, w scales the output rows (fp32 tiles round w dout once either way)
+  constexpr bool kDq = R == ScanRole::kGradQ && sizeof(T) == 2;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   T* st = reinterpret_cast<T*>(smem_bytes);
   float* fl = reinterpret_cast<float*>(smem_bytes + int64_t(L::t_elems) * sizeof(T));
@@ -230,9 +238,15 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
 
     const Step s = step_at(i);
     const float* w_s = fl + (i % NS) * L::f_stage + L::w;
-    const float* dd_s = fl + (i % NS) * L::f_stage + L::dd;
-    bool changed =
-        !split.state_only && tc_transform_tile<T>(As, L::LI, Info::a, DI, s.cl, w_s, p, feat, scale, tid, kTf32);
+    float* dd_s = fl + (i % NS) * L::f_stage + L::dd;
+    bool changed = !kDq && !split.state_only &&
+                   tc_transform_tile<T>(As, L::LI, Info::a, DI, s.cl, w_s, p, feat, scale, tid, kTf32);
+    if constexpr (kDq) {
+      if (p.normalize && !split.state_only) {  // dd / w in place (0 where w is 0: scale = 0, dd 0 too)
+        if (tid < C) dd_s[tid] = w_s[tid] != 0.f ? dd_s[tid] / w_s[tid] : 0.f;
+        changed = true;
+      }
+    }
     const bool b_changed =
         tc_transform_tile<T>(Bs, L::LI, Info::b, DI, s.cl, w_s, p, feat, scale, tid, kTf32 && !sums_b);
     bool c_changed = false;
@@ -347,6 +361,14 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
           M::mma(O[2 * pr], a, b, 0);
           M::mma(O[2 * pr + 1], a, b, 1);
         }
+      }
+
+      if constexpr (kDq) {  // O times w of its rows (scale without the normalizer)
+        const float w0 = p.normalize ? w_s[r0 + gr] : scale, w8 = p.normalize ? w_s[r0 + gr + 8] : scale;
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) O[ni][e] *= e >= 2 ? w8 : w0;
       }
 
       // ---- epilogue: one output per query head, or the group sum after its last head ---------------
