@@ -117,6 +117,20 @@ def test_fp32_runs_on_the_tensor_cores_at_each_matmul_precision(ar, float32_matm
     assert any("grad_weights_kernel<float" in n for n in names) == normalize, names
 
 
+# fp32's mma.sync sweeps split where their (sequence, kv head, 32-column tile) blocks take at most one
+# of each SM's two slots (tiles.h, split_segments), where other sweeps wait for half the SMs
+# to go idle. A split sweep launches its kernel twice: pass 1 (the state alone), then pass 2. At
+# K = V = 64 one sequence and head make two blocks.
+@pytest.mark.parametrize("more,splits", [(0, True), (1, False)], ids=["B-half-sm_count", "B-half-sm_count-plus-1"])
+def test_fp32_sweeps_split_where_their_blocks_take_one_slot_per_sm(ar, more, splits):
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    names = _kernels_of_a_forward_backward(ar, Case(sm_count // 2 + more, 3072, 1, 64, fp32, feature_map=None))
+    launches = [int(m.group(1)) for n in names if "mma_scan_kernel<float" in n
+                for m in [re.search(r"ScanRole\)(\d)", n)] if m]
+    assert sorted(set(launches)) == [0, 1, 2, 3], names
+    assert all(launches.count(role) == (2 if splits else 1) for role in range(4)), launches
+
+
 # fp32 at head dims other than 64 and 128 (multiples of 8 up to 128) on the padded mma.sync sweeps, at
 # both precisions: inner dims below 64 and between 64 and 128, output tiles partly written, a split
 # sweep, varlen, GQA, states, feature maps, both normalize modes.

@@ -160,7 +160,8 @@ struct Rules {
     return kv_blocks() * ((output_dim(p, r) + columns - 1) / columns);
   }
   int mma_segments(Role r) const {
-    return segments(mma_blocks(r), static_cast<int>(mma_tile(padded_inner(r)).per_sm));
+    // fp32: split_segments' sparse_slots (tiles.h, split_segments)
+    return segments(mma_blocks(r), static_cast<int>(mma_tile(padded_inner(r)).per_sm), fp32(p));
   }
 
   // A sweep of role r on the kernel the rules give it; first_pass and partials are filled by the caller.

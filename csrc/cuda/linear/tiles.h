@@ -101,7 +101,13 @@ struct GenericTiles {
 // B4-T8192-H32 (128 blocks, 3 segments against none): K = V = 32 0.917 -> 0.762 ms unnormalized and
 // 1.201 -> 1.041 normalized (4 and 6 segments, two waves, were slower); the same split made K = V =
 // 64 slower, 0.789 -> 0.883 and 1.050 -> 1.150 (B8-T2048-H16, 2 segments: 0.247 -> 0.266), so the
-// exact dims keep the half-the-SMs rule.
+// exact dims keep the half-the-SMs rule. fp32's mma.sync sweeps (two blocks of 4-byte tiles per SM)
+// take the one-slot rule at every dim: unsplit, 128 blocks on an H100's 132 SMs leave each SM one
+// block of four warps to hide its steps' latency. Forward+backward at B4-T8192 on an H100 (2
+// segments against none, one process): "high" with the normalizer K = V = 64 (H16, 128 blocks)
+// 2.940 -> 2.497 ms and K = V = 32 (H32) 2.999 -> 2.526; "highest" K = V = 64 3.695 -> 3.430
+// unnormalized and 4.114 -> 3.892 normalized. 3 segments were slower than none (3.260, 4.123 and
+// 4.694 ms).
 // `forced` > 0 replaces the slot count (testing::PlanOverride).
 inline int split_segments(int64_t blocks, int per_sm, int64_t seqlen, int sm_count, int forced,
                           bool sparse_slots = false) {
