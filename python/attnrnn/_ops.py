@@ -114,7 +114,7 @@ def saved_bytes(q, k, v, cu_seqlens, normalize, chunk_size):
         return 0
     mma_sync, forced_segments, pairing, _ = _C._plan_override()
     props = torch.cuda.get_device_properties(q.device)
-    # fp32 runs on the mma.sync sweeps everywhere
+    # fp32 takes the mma.sync sweeps' dims everywhere (its TF32 wgmma sweeps take a subset of them)
     wgmma = _C.built_with_wgmma() and props.major == 9 and not mma_sync and q.dtype != torch.float32
     exact = K in (64, 128) and V in (64, 128)
     largest = 256 if wgmma else 128

@@ -71,8 +71,9 @@ def test_padded_head_dims_meet_rules(ar, ref, case):
     check_all(ours, base, ref64, case.dtype)
 
 
-# fp32 on the mma.sync sweeps at both of PyTorch's float32 matmul precisions, against baselines run
-# under the same setting. At "high" the products read TF32 operands, as PyTorch's own fp32 matmuls
+# fp32 on the tensor cores at both of PyTorch's float32 matmul precisions, against baselines run
+# under the same setting (the sweeps without the normalizer whose inner dim is at most 64 run on TF32
+# wgmma at "high" on sm_90a, the rest on mma.sync). At "high" the products read TF32 operands, as PyTorch's own fp32 matmuls
 # then do: R2 at fp16's bound (the same 10 mantissa bits). At "highest", the default, each operand
 # is split into two TF32 parts (3xTF32) and the cases meet fp32's rules. One-pass and split sweeps
 # (long sequences, few blocks), GQA, varlen, states, K != V, every feature map, both normalize modes.
@@ -103,9 +104,9 @@ def test_fp32_meets_rules_at_each_matmul_precision(ar, ref, case, float32_matmul
     check_all(ours, base, ref64, case.dtype, r2_tol=R2_TOL[fp16] if tf32 else None)
 
 
-# fp32 runs every sweep on the mma.sync kernels at both precisions, with the weights pass only with
-# normalize: on TF32 operands at "high", split into 3xTF32 (the kernels' last template argument,
-# true) at "highest". (The generic kernels launch after them too, and return at once unless a row was
+# fp32 at K = V = 128 runs every sweep on the mma.sync kernels at both precisions, with the weights
+# pass only with normalize: on TF32 operands at "high", split into 3xTF32 (the kernels' last template
+# argument, true) at "highest". (The generic kernels launch after them too, and return at once unless a row was
 # not finite: args.cuh's note_nonfinite.)
 @pytest.mark.parametrize("normalize", [True, False], ids=["normalize", "unnormalized"])
 def test_fp32_runs_on_the_tensor_cores_at_each_matmul_precision(ar, float32_matmul_precision, normalize):
@@ -147,6 +148,57 @@ def test_fp32_padded_head_dims_meet_rules_at_each_matmul_precision(ar, ref, case
     ours, base, ref64 = compute_all(ar, ref, "chunk", case, "cuda")
     tf32 = float32_matmul_precision != "highest"
     check_all(ours, base, ref64, case.dtype, r2_tol=R2_TOL[fp16] if tf32 else None)
+
+
+WGMMA = pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability()[0] != 9,
+                           reason="the wgmma sweeps need an sm_90a device")
+
+
+# fp32 without the normalizer at "high" on the TF32 wgmma sweeps (scan_wgmma_tf32.cuh), wherever a
+# role's inner dim is at most 64: exact and padded dims, output tiles of 32 columns partly written,
+# GQA (dk and dv summing a group's heads), varlen, states, split sweeps, feature maps, and K = 64
+# with V = 128, whose dq and dk (inner dim V) stay on mma.sync beside them.
+TF32_WGMMA_CASES = [
+    Case(2, 300, 4, 64, fp32, Hkv=2, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 333, 4, 32, fp32, Hkv=1, normalize=False, seqlens=(0, 64, 1, 200, 68), initial_state=True,
+         final_state=True),
+    Case(1, 257, 2, 48, fp32, V=80, feature_map="relu", normalize=False, initial_state=True, final_state=True),
+    Case(1, 4100, 2, 64, fp32, normalize=False, initial_state=True, final_state=True),
+    Case(1, 3000, 3, 16, fp32, V=24, normalize=False),
+    Case(2, 190, 2, 64, fp32, V=128, normalize=False, initial_state=True, final_state=True),
+]
+
+
+@pytest.fixture
+def tf32_allowed():
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("case", TF32_WGMMA_CASES, ids=lambda c: c.id)
+def test_fp32_tf32_wgmma_sweeps_meet_rules(ar, ref, tf32_allowed, case):
+    ours, base, ref64 = compute_all(ar, ref, "chunk", case, "cuda")
+    check_all(ours, base, ref64, case.dtype, r2_tol=R2_TOL[fp16])
+
+
+# Which sweeps run on TF32 wgmma: all four at "high" without the normalizer and K = V = 64; none at
+# "highest" (3xTF32 on mma.sync) or with the normalizer; at K = 64, V = 128 the forward and dv (inner
+# dim K) but not dq and dk (inner dim V).
+@WGMMA
+@pytest.mark.parametrize("precision,normalize,V,roles", [
+    ("high", False, 64, {0, 1, 2, 3}), ("highest", False, 64, set()), ("high", True, 64, set()),
+    ("high", False, 128, {0, 3})], ids=["high-K64-V64", "highest-K64-V64", "high-normalize-K64-V64", "high-K64-V128"])
+def test_fp32_sweeps_run_on_tf32_wgmma_where_allowed(ar, precision, normalize, V, roles):
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        names = _kernels_of_a_forward_backward(ar, Case(1, 1000, 2, 64, fp32, V=V, normalize=normalize))
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert _roles_of("wgmma_tf32_scan_kernel", names) == roles, names
+    assert _roles_of("mma_scan_kernel<float", names) == {0, 1, 2, 3} - roles, names
 
 
 # Padded head dims on the mma.sync sweeps (tiles.h, padded_dims): every sweep of fp32 at K = 96,
@@ -376,10 +428,6 @@ def test_ops_run_on_the_current_stream(ar):
         got, _ = ar.chunk_linear_attn(q, k, v)
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(got, expected)
-
-
-WGMMA = pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability()[0] != 9,
-                           reason="the wgmma sweeps need an sm_90a device")
 
 
 def _assert_runs_agree(cases, runs, others):

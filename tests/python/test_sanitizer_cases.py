@@ -60,6 +60,29 @@ def test_forward_backward_tour(ar, ref, device, op, case):
         assert relative_rms(ours[name].cpu(), expected[name].cpu()) <= tol, name
 
 
+# fp32 at PyTorch's "high" matmul precision without the normalizer: on sm_90a the TF32 wgmma sweeps
+# (scan_wgmma_tf32.cuh), here split in two segments, with GQA, padded dims and an output tile partly
+# written; elsewhere the mma.sync sweeps on TF32 operands. TF32's 10 mantissa bits: fp16's bound.
+TF32_CASES = [
+    Case(1, 2100, 2, 48, torch.float32, Hkv=1, V=40, normalize=False, initial_state=True, final_state=True),
+    Case(1, 70, 2, 64, torch.float32, feature_map="relu", normalize=False, seqlens=(0, 20, 50)),
+]
+
+
+@pytest.mark.parametrize("case", TF32_CASES, ids=lambda c: c.id)
+def test_tf32_forward_backward_tour(ar, ref, device, case):
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        inp = make_inputs(case, device)
+        ours = run(ar.chunk_linear_attn, case, inp)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    expected = run(ref.parallel_linear_attn, case, inp, dtype=torch.float64)
+    for name in expected:
+        assert relative_rms(ours[name].cpu(), expected[name].cpu()) <= 2e-3, name
+
+
 # (K, V, normalize): without normalize the value columns split over blocks (V = 64: two, V = 128:
 # four); K = 96 leaves each thread a partial second batch of state rows; V = 30 takes the
 # scalar-column kernel.

@@ -117,6 +117,43 @@ __device__ __forceinline__ void wg_mma_n8_ss(float (&d)[4], uint64_t a, uint64_t
   }
 }
 
+// ---- fp32 operands on TF32 (scan_wgmma_tf32.cuh) ----------------------------------------------------
+// m64nNk8 products, N = 64 (the scores) or 32 (a block's output columns), both operands K-major
+// (TF32 wgmma has no transposed form): a tile row is 32 floats (128 bytes) of one k run, and the step
+// per k8 slice is 32 bytes along it. Register A of k8 slice j (per thread, rows as an accumulator's):
+// (r, j8 + t), (r + 8, j8 + t), (r, j8 + t + 4), (r + 8, j8 + t + 4), r = wg_acc_row(tid, 0), t = tid % 4.
+#define ATTNRNN_WG_ACC16(d)                                                                              \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),       \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define ATTNRNN_WG_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+
+// d (+)= A B^T, A [64 x 8] and B [N x 8] in shared memory; accumulate == 0 overwrites d.
+template <int N>
+__device__ __forceinline__ void wg_tf32_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
+  static_assert(N == 64 || N == 32, "m64n64k8 or m64n32k8");
+  if constexpr (N == 64) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 " ATTNRNN_WG_D ", %32, %33, p, 1, 1;\n}\n"
+                 : ATTNRNN_WG_ACC(d)
+                 : "l"(a), "l"(b), "r"(accumulate));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 " ATTNRNN_WG_D16 ", %16, %17, p, 1, 1;\n}\n"
+                 : ATTNRNN_WG_ACC16(d)
+                 : "l"(a), "l"(b), "r"(accumulate));
+  }
+}
+// d += A B^T, A in registers (TF32 bits, the layout above) and B [32 x 8] in shared memory.
+__device__ __forceinline__ void wg_tf32_rs32(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 " ATTNRNN_WG_D16
+               ", {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+               : ATTNRNN_WG_ACC16(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+#undef ATTNRNN_WG_ACC16
+#undef ATTNRNN_WG_D16
 #undef ATTNRNN_WG_ACC
 #undef ATTNRNN_WG_D
 #undef ATTNRNN_WG_MMA
@@ -136,9 +173,10 @@ __device__ __forceinline__ void wg_hold(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-__device__ __forceinline__ void wg_hold(uint32_t (&a)[4][4]) {
+template <int J>
+__device__ __forceinline__ void wg_hold(uint32_t (&a)[J][4]) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < J; ++j)
 #pragma unroll
     for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(a[j][q])::"memory");
 }

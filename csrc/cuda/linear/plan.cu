@@ -102,9 +102,17 @@ struct Rules {
     return split_segments(blocks, per_sm, p.seqlen, device.sm_count, forced.segments, sparse_slots);
   }
   // the device runs wgmma and the test override leaves it (the dims it takes: tensor_core_shape);
-  // fp32 runs on mma.sync everywhere (TF32 wgmma reads only K-major tiles, which the sweeps' products
-  // do not all have)
+  // not for fp32, whose TF32 wgmma reads only K-major tiles, which scan_wgmma.cuh's products do not all
+  // have: fp32 runs on mma.sync, or on its own wgmma sweep (tf32_wgmma)
   bool wgmma_device() const { return device.wgmma && !forced.mma_sync && !fp32(p); }
+  // fp32 on scan_wgmma_tf32.cuh: the call allows TF32, no normalizer, and the role's inner dim fits
+  bool tf32_wgmma(Role r) const {
+    return fp32(p) && p.allow_tf32 && !p.normalize && device.wgmma && !forced.mma_sync &&
+           inner_dim(p, r) <= WgmmaTf32Tiles::inner;
+  }
+  int64_t tf32_blocks(Role r) const {
+    return kv_blocks() * ((output_dim(p, r) + WgmmaTf32Tiles::columns - 1) / WgmmaTf32Tiles::columns);
+  }
   bool wgmma(bool backward) const {
     return wgmma_device() && (exact_dims(p, backward) || padded_dims(p, backward, true));
   }
@@ -168,7 +176,12 @@ struct Rules {
   Sweep sweep(Role r, bool on_wgmma) const {
     Sweep s;
     s.inner = static_cast<int>(inner_dim(p, r));
-    if (on_wgmma && padded(r)) {  // the 64-token sweep, its tiles padded
+    if (tf32_wgmma(r)) {
+      s.kernel = SweepKernel::kWgmmaTf32;
+      s.inner = WgmmaTf32Tiles::inner;
+      s.padded = inner_dim(p, r) != WgmmaTf32Tiles::inner || output_dim(p, r) % WgmmaTf32Tiles::columns != 0;
+      s.segments = segments(tf32_blocks(r), WgmmaTf32Tiles::blocks_per_sm);
+    } else if (on_wgmma && padded(r)) {  // the 64-token sweep, its tiles padded
       s.kernel = SweepKernel::kWgmma;
       s.inner = padded_inner(r);
       s.padded = true;
@@ -191,6 +204,7 @@ struct Rules {
   int64_t partial_floats(Role r, const Sweep& s) const {
     if (s.segments <= 1) return 0;
     if (s.kernel == SweepKernel::kMma) return s.segments * mma_blocks(r) * mma_tile(s.inner).partial_floats;
+    if (s.kernel == SweepKernel::kWgmmaTf32) return s.segments * tf32_blocks(r) * WgmmaTf32Tiles::partial_floats;
     return s.segments * wgmma_blocks(r) * wgmma_tile(s.inner).partial_floats;
   }
 

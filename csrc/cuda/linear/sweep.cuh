@@ -9,6 +9,7 @@
 #include "scan_mma.cuh"
 #include "scan_wgmma.cuh"
 #include "scan_wgmma_pair.cuh"
+#include "scan_wgmma_tf32.cuh"
 #include "segment_states.cuh"
 
 namespace attnrnn::cuda {
@@ -41,8 +42,8 @@ Status prepare_features(const ChunkPlan& plan, const ChunkArgs& p, ScanFeatures&
   return Status::kSuccess;
 }
 
-// One sweep of `kernel` (mma_scan_kernel, wgmma_scan_kernel, wgmma_pair_scan_kernel or
-// wgmma_grad_kv_kernel): grid (sequences x segments x tiles, kv heads) of `threads`, over chunks of
+// One sweep of `kernel` (mma_scan_kernel, wgmma_scan_kernel, wgmma_pair_scan_kernel,
+// wgmma_tf32_scan_kernel or wgmma_grad_kv_kernel): grid (sequences x segments x tiles, kv heads) of `threads`, over chunks of
 // `chunk` tokens. Where it splits, pass 1 runs first as the plan says: the kernel itself summing only,
 // state_pass(split, grid, stream), or nothing (its partials were written before).
 template <class Kernel, class StatePass>
@@ -210,10 +211,39 @@ Status run_wgmma_pair_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFe
                    StateKernelPass<T, R, DI, WgmmaPairTiles::blocks_per_sm, WithNormalizer>{p, feat, L::chunk, what});
 }
 
-// An fp32 sweep (always mma.sync): TF32 operands where the call allows them, else 3xTF32.
+// The TF32 wgmma sweeps of fp32 (Sweep::kernel kWgmmaTf32: TF32 allowed, no normalizer), instantiated
+// apart (instantiations/tf32_wgmma_*_fp32.cu).
+template <ScanRole R, bool kPadded>
+Status run_wgmma_tf32_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
+  if (const Status s = check_normalize_mode<false>(p, what); s != Status::kSuccess) return s;
+  if (!p.allow_tf32) return fail(Status::kInvalidArgument, "%s: the TF32 sweep on a call that does not allow TF32", what);
+  const int64_t cols = R == ScanRole::kForward || RoleInfo<R>::dv_like ? p.head_dim_v : p.head_dim_k;
+  constexpr int NC = WgmmaTf32Layout::NC;
+  const int64_t tiles = kPadded ? (cols + NC - 1) / NC : cols / NC;
+  return run_sweep(wgmma_tf32_scan_kernel<R, kPadded>, WgmmaTf32Layout::smem_bytes, kScanThreads, kChunk, p, sweep,
+                   tiles, feat, what, NoStateKernel{});
+}
+#define ATTNRNN_TF32_SWEEP(PREFIX, R)                                                                            \
+  PREFIX template Status run_wgmma_tf32_sweep<R, false>(const Sweep&, const ChunkArgs&, const ScanFeatures&, \
+                                                        const char*);                                          \
+  PREFIX template Status run_wgmma_tf32_sweep<R, true>(const Sweep&, const ChunkArgs&, const ScanFeatures&,  \
+                                                       const char*);
+#define ATTNRNN_TF32_BACKWARD(PREFIX)            \
+  ATTNRNN_TF32_SWEEP(PREFIX, ScanRole::kGradQ) \
+  ATTNRNN_TF32_SWEEP(PREFIX, ScanRole::kGradK) \
+  ATTNRNN_TF32_SWEEP(PREFIX, ScanRole::kGradV)
+ATTNRNN_TF32_SWEEP(extern, ScanRole::kForward)
+ATTNRNN_TF32_BACKWARD(extern)
+
+// An fp32 sweep: on TF32 wgmma where the plan says, else on mma.sync with TF32 operands where the call
+// allows them, else 3xTF32.
 template <ScanRole R>
 Status run_fp32_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
-  if (sweep.kernel != SweepKernel::kMma) return fail(Status::kInvalidArgument, "%s: fp32 runs on mma.sync only", what);
+  if (sweep.kernel == SweepKernel::kWgmmaTf32)
+    return sweep.padded ? run_wgmma_tf32_sweep<R, true>(sweep, p, feat, what)
+                        : run_wgmma_tf32_sweep<R, false>(sweep, p, feat, what);
+  if (sweep.kernel != SweepKernel::kMma)
+    return fail(Status::kInvalidArgument, "%s: fp32 runs on mma.sync or TF32 wgmma only", what);
   return p.allow_tf32 ? run_planned_mma_sweep<float, R, false>(sweep, p, feat, what)
                       : run_planned_mma_sweep<float, R, true>(sweep, p, feat, what);
 }

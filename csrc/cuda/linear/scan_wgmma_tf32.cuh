@@ -1,0 +1,351 @@
+// Chunkwise causal linear attention with fp32 operands on TF32 warpgroup MMA (sm_90a), without the
+// normalizer: the forward and the dq, dk, dv sweeps of scan_roles.cuh where the call allows TF32
+// (PyTorch's "high" or "medium" float32 matmul precision) and the role's inner dim is at most 64.
+// One warpgroup (128 threads) per (sequence [x segment], 32 output columns, kv head); a step is one
+// (chunk of 64 tokens, query head) pair, in sweep order, as in scan_wgmma.cuh. TF32 wgmma reads both
+// shared operands K-major only, so every product is laid out with its inner index along the rows:
+//   P = mask(A B^T)     A, B [64 tokens][64 dims]                        shared x shared
+//   O = A S             B = S^T [32 columns][64 dims], published rounded   shared x shared
+//   O += P Cv           P as register A, B = Cv^T [32 columns][64 tokens]  registers x shared
+//   S += B^T Cv         B^T as register A, gathered from the B tile        registers x shared
+// The register operands hold the tokens of each 8-token group in the order (0, 2, 4, 6, 1, 3, 5, 7):
+// the order in which P's accumulator holds them, so that P feeds its product as it is; Cv^T is
+// written in that order, and the gather from B takes it too.
+// Each thread rounds the tile pieces it copied to TF32 (cvt.rna) once they land, and writes its pieces
+// of Cv, rounded, into Cv^T: both before the step's barrier, which then publishes them to the
+// products. Without the normalizer w_t = s (the scale) for every token: the forward's and dq's rows
+// take s in the epilogue (their initial state's term has it too: o = s phi(q) S); dk and dv take it
+// in their dout tile (B and Cv, before the rounding), since the final state's gradient they start
+// from has none (tiles.h, WgmmaTf32Tiles, for the sizes and their reason).
+#pragma once
+
+#include "scan_roles.cuh"
+#include "wgmma_tiles.cuh"
+#include "../common/mma.cuh"
+#include "../common/wgmma.cuh"
+
+namespace attnrnn::cuda {
+
+// Byte offset of element (r, c) of a K-major fp32 atom of 32 columns (128-byte rows, 128-byte swizzle).
+__host__ __device__ __forceinline__ int tf32_swizzled(int r, int c) {
+  return r * 128 + (((c >> 2) ^ (r & 7)) << 4) + (c & 3) * 4;
+}
+
+struct WgmmaTf32Layout {
+  using Tiles = WgmmaTf32Tiles;
+  static constexpr int DI = Tiles::inner, NC = Tiles::columns, NS = Tiles::stages;
+  static constexpr int atom = kChunk * 128;      // [64 tokens][32 floats]: 8 KiB
+  static constexpr int tile = (DI / 32) * atom;  // A or B: [64 tokens][64 dims], 16 KiB
+  static constexpr int cv = kChunk * NC * 4;     // Cv as it lands: [64 tokens][32 columns], row-major, 8 KiB
+  static constexpr int stage = 2 * tile + cv;    // 40 KiB
+  static constexpr int column_atom = NC * 128;   // [32 columns][32 floats]: 4 KiB
+  static constexpr int cvt = NS * stage;         // Cv^T [32 columns][64 token positions]: 8 KiB
+  static constexpr int st = cvt + 2 * column_atom;  // S^T [32 columns][64 dims]: 8 KiB
+  static constexpr int64_t smem_bytes = st + 2 * column_atom;  // 96 KiB
+  static constexpr int64_t partial_floats = Tiles::partial_floats;  // S [64][32]
+  static_assert(Tiles::blocks_per_sm * (smem_bytes + 1024) <= 228 * 1024, "blocks_per_sm blocks must fit on an SM");
+};
+
+// The position of token t of a chunk in the register operands' order (its 8-token group's
+// (0, 2, 4, 6, 1, 3, 5, 7)).
+__device__ __forceinline__ int tf32_position(int t) { return (t & ~7) | ((t & 1) << 2) | ((t & 7) >> 1); }
+
+// A tile source: row 0 of one sequence at token 0, head 0, from column col0, and the strides.
+struct Tf32Source {
+  const float* base;
+  int64_t stride_t, stride_h;
+  int cols;  // real columns from col0 on
+};
+
+// `width` (64 or 32) columns of a chunk's rows (from token t0, cl of them valid) of `head`: tid copies
+// 16-byte pieces tid + 128 j, row piece / (width / 4); rows past the chunk's end and columns past
+// src.cols (kPadded) arrive as zeros. K-major atoms (A, B) or row-major rows (Cv).
+template <int kWidth, bool kPadded, bool kKMajor>
+__device__ __forceinline__ void tf32_load(unsigned char* dst, const Tf32Source& src, int64_t head, int64_t t0, int cl,
+                                          int tid) {
+  constexpr int per_row = kWidth / 4, rows_apart = kScanThreads / per_row;
+  const int r0 = tid / per_row, c = (tid % per_row) * 4;
+  const float* chunk = src.base + t0 * src.stride_t + head * src.stride_h + c;
+  const bool real = !kPadded || c < src.cols;
+#pragma unroll
+  for (int j = 0; j < kChunk / rows_apart; ++j) {
+    const int r = r0 + rows_apart * j;
+    const bool valid = r < cl && real;
+    const int at = kKMajor ? (c / 32) * WgmmaTf32Layout::atom + tf32_swizzled(r, c % 32) : (r * kWidth + c) * 4;
+    cp_async16(dst + at, valid ? chunk + r * src.stride_t : src.base, valid);
+  }
+}
+
+// This thread's pieces of a K-major tile (tf32_load's), times w and rounded to TF32 in place.
+template <bool kScaled = false>
+__device__ __forceinline__ void tf32_round_own_pieces(unsigned char* tile, int tid, float w = 1.f) {
+  const int r0 = tid / 16, c = (tid % 16) * 4;
+#pragma unroll
+  for (int j = 0; j < kChunk / 8; ++j) {
+    float4* x = reinterpret_cast<float4*>(tile + (c / 32) * WgmmaTf32Layout::atom + tf32_swizzled(r0 + 8 * j, c % 32));
+    float4 v = *x;
+    if constexpr (kScaled) v = make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
+    *x = make_float4(tf32_rounded(v.x), tf32_rounded(v.y), tf32_rounded(v.z), tf32_rounded(v.w));
+  }
+}
+
+// This thread's pieces of the landed Cv rows, times w and rounded, into Cv^T at their tokens' positions.
+template <bool kScaled = false>
+__device__ __forceinline__ void tf32_transpose_own_pieces(const unsigned char* cv, unsigned char* cvt, int tid,
+                                                          float w = 1.f) {
+  constexpr int NC = WgmmaTf32Layout::NC;
+  const int r0 = tid / (NC / 4), c = (tid % (NC / 4)) * 4;
+#pragma unroll
+  for (int j = 0; j < kChunk / (kScanThreads / (NC / 4)); ++j) {
+    const int r = r0 + (kScanThreads / (NC / 4)) * j, pos = tf32_position(r);
+    const float4 v = *reinterpret_cast<const float4*>(cv + (r * NC + c) * 4);
+    unsigned char* to = cvt + (pos / 32) * WgmmaTf32Layout::column_atom;
+    float x[4] = {v.x, v.y, v.z, v.w};
+    if constexpr (kScaled)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] *= w;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) *reinterpret_cast<uint32_t*>(to + tf32_swizzled(c + e, pos % 32)) = to_tf32(x[e]);
+  }
+}
+
+// k8 slice j of a K-major operand of two atoms of `atom` bytes (dims or tokens [0, 32) and [32, 64)).
+__device__ __forceinline__ uint64_t tf32_slice(const unsigned char* base, int atom, int j) {
+  return wg_descriptor(base, (j / 4) * atom + 32 * (j % 4));
+}
+
+template <ScanRole R, bool kPadded = false>
+__global__ void __launch_bounds__(kScanThreads, WgmmaTf32Tiles::blocks_per_sm)
+    wgmma_tf32_scan_kernel(const ChunkArgs p, const SegmentSplit split, const ScanFeatures feat) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(R != ScanRole::kGradKV, "dk and dv run as two sweeps");
+  using Info = RoleInfo<R>;
+  using L = WgmmaTf32Layout;
+  constexpr bool kFwd = R == ScanRole::kForward, kDk = R == ScanRole::kGradK;
+  constexpr int NC = L::NC, NS = L::NS;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
+  unsigned char* Cvt = smem + L::cvt;
+  unsigned char* St = smem + L::st;
+
+  const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
+  const int64_t out_cols = (kFwd || Info::dv_like) ? V : K;
+  const int64_t inner = (kFwd || Info::dv_like) ? K : V;  // L::DI where not kPadded
+  const int tiles = static_cast<int>(kPadded ? (out_cols + NC - 1) / NC : out_cols / NC), tile = blockIdx.x % tiles;
+  const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
+  const int seg = (blockIdx.x / tiles) % split.segments;
+  const int c0 = tile * NC, tid = threadIdx.x;
+  const Seq seq = sequence(p, n);
+  const float scale = static_cast<float>(p.scale);
+  const int64_t state_row = n * Hkv + g;
+  auto mat_index = [&](int d, int c) {
+    return Info::transposed ? (state_row * K + c0 + c) * V + d : (state_row * K + d) * V + c0 + c;
+  };
+  auto partial_at = [&](int j) { return split.partial_at(j, n, g, Hkv, tiles, tile, L::partial_floats); };
+
+  // ---- the state S [64 dims][32 columns] in fp32 registers, and S^T rounded for A S ------------------
+  float S[NC / 2];
+  auto for_each_state = [&](auto&& f) {
+#pragma unroll
+    for (int i = 0; i < NC / 2; ++i) f(S[i], wg_acc_row(tid, i), wg_acc_col(tid, i));
+  };
+  auto for_each_real_state = [&](auto&& f) {
+    for_each_state([&](float& x, int d, int c) {
+      if (!kPadded || (d < inner && c0 + c < out_cols)) f(x, d, c);
+    });
+  };
+  const int earlier = split.state_only ? 0 : seg;
+  {
+    const float* S0 = static_cast<const float*>(Info::reverse ? p.d_final_S : p.initial_S);
+    if constexpr (kPadded) for_each_state([](float& x, int, int) { x = 0.f; });
+    load_initial_state(for_each_real_state, split.state_only ? nullptr : S0, mat_index, partial_at, earlier, NC);
+  }
+  auto publish_state = [&]() {
+    for_each_state([&](float& x, int d, int c) {
+      *reinterpret_cast<uint32_t*>(St + (d / 32) * L::column_atom + tf32_swizzled(c, d % 32)) = to_tf32(x);
+    });
+    wg_fence_shared();
+  };
+  if (!split.state_only) publish_state();
+
+  // ---- the steps: (chunk, query head) pairs of this segment, in sweep order --------------------------
+  const WgSteps walk(seq, g, G, kChunk, split, seg);
+  const int steps = walk.count();
+  auto source = [&](Operand o, int col0) {
+    const ConstView v = tc_view(p, feat, o);
+    return Tf32Source{static_cast<const float*>(v.data) + seq.b * v.stride_b + col0, v.stride_t, v.stride_h,
+                      operand_dim(o, K, V) - col0};
+  };
+  const Tf32Source a_src = source(Info::a, 0), b_src = source(Info::b, 0), c_src = source(Info::c, c0);
+  auto head_of = [&](Operand src, const WgStep& s) { return per_query_head(src) ? s.h : g; };
+  auto stage = [&](int i) { return smem + (i % NS) * L::stage; };
+  WgSteps::Walk issued = walk.start();
+  auto issue = [&](int i) {
+    const WgStep s = walk.at<Info::reverse>(issued);
+    walk.advance(issued);
+    unsigned char* st = stage(i);
+    if (!split.state_only) tf32_load<64, kPadded, true>(st, a_src, head_of(Info::a, s), s.t0, s.cl, tid);
+    tf32_load<64, kPadded, true>(st + L::tile, b_src, head_of(Info::b, s), s.t0, s.cl, tid);
+    tf32_load<NC, kPadded, false>(st + 2 * L::tile, c_src, head_of(Info::c, s), s.t0, s.cl, tid);
+  };
+  for (int i = 0; i < NS - 1; ++i) {
+    if (i < steps) issue(i);
+    cp_async_commit();
+  }
+
+  const int r0 = wg_acc_row(tid, 0), quad = tid % 4;
+  WgSteps::Walk current = walk.start();
+  bool nonfinite = false;
+  float O[NC / 2];  // the step's output; dk and dv keep summing it over a group's heads
+  for (int i = 0; i < steps; ++i) {
+    const WgStep s = walk.at<Info::reverse>(current);
+    walk.advance(current);
+    cp_async_wait<NS - 2>();  // this step's pieces, as this thread copied them
+    unsigned char* At = stage(i);
+    unsigned char* Bt = At + L::tile;
+    if (!split.state_only) tf32_round_own_pieces(At, tid);
+    tf32_round_own_pieces<kDk>(Bt, tid, scale);  // dk's B is dout: times s
+    // dv's Cv is dout: times s; Cv^T is free, the last step ended in a barrier
+    tf32_transpose_own_pieces<Info::dv_like>(Bt + L::tile, Cvt, tid, scale);
+    wg_fence_shared();
+    __syncthreads();  // every piece of the step's operands is in place; the last step's stage is free
+    if (i + NS - 1 < steps) issue(i + NS - 1);
+    cp_async_commit();
+
+    const bool update = Info::group_sum || s.last;  // S moves after this step
+    // B^T as register A of S += B^T Cv: dims r0 (+ 8) of each 64-dim block, tokens in operand order
+    uint32_t ka[8][4];
+    auto gather_b = [&]() {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int t = 8 * j + 2 * quad;
+        auto at = [&](int token, int d) {
+          return *reinterpret_cast<const uint32_t*>(Bt + (d / 32) * L::atom + tf32_swizzled(token, d % 32));
+        };
+        ka[j][0] = at(t, r0);
+        ka[j][1] = at(t, r0 + 8);
+        ka[j][2] = at(t + 1, r0);
+        ka[j][3] = at(t + 1, r0 + 8);
+      }
+    };
+    auto update_state = [&]() {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) wg_tf32_rs32(S, ka[j], tf32_slice(Cvt, L::column_atom, j));
+    };
+    // (the state's 16 registers hold 32 columns; a warp's 16 rows are 16 dims of the 64)
+    static_assert(NC == 32 && L::DI == 64, "the gather covers dims r0, r0 + 8 of one 16-dim block per warp");
+    if (!split.state_only) {
+      // ---- P = A B^T, and O = A S once per output ---------------------------------------------------
+      float P[32];
+      const bool fresh_output = !Info::group_sum || s.first;
+      wg_hold(S);
+      if constexpr (Info::group_sum) wg_hold(O);
+      wg_fence();
+#pragma unroll
+      for (int j = 0; j < 8; ++j) wg_tf32_ss<64>(P, tf32_slice(At, L::atom, j), tf32_slice(Bt, L::atom, j), j > 0);
+      if (fresh_output) {  // (the group ends in each branch, as below)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          wg_tf32_ss<NC>(O, tf32_slice(At, L::atom, j), tf32_slice(St, L::column_atom, j), j > 0);
+        wg_commit();
+        if (update) gather_b();  // while the products run
+        wg_wait_all();
+        wg_hold(O);
+      } else {
+        wg_commit();
+        if (update) gather_b();
+        wg_wait_all();
+      }
+      wg_hold(P);
+
+      // ---- mask P into register A (tokens 8j + 2 quad (+ 1) at positions quad (+ 4)) ----------------
+      uint32_t pa[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = 8 * j + 2 * quad;
+        auto kept = [&](int t, int x, float v) { return (Info::reverse ? x >= t : x <= t) ? to_tf32(v) : 0u; };
+        pa[j][0] = kept(r0, col, P[4 * j]);
+        pa[j][1] = kept(r0 + 8, col, P[4 * j + 2]);
+        pa[j][2] = kept(r0, col + 1, P[4 * j + 1]);
+        pa[j][3] = kept(r0 + 8, col + 1, P[4 * j + 3]);
+      }
+
+      // ---- O += P Cv, and S += B^T Cv in the same group -------------------------------------------
+      wg_hold(pa);
+      wg_hold(ka);
+      wg_hold(S);
+      wg_hold(O);
+      wg_fence();
+#pragma unroll
+      for (int j = 0; j < 8; ++j) wg_tf32_rs32(O, pa[j], tf32_slice(Cvt, L::column_atom, j));
+      // Each branch ends the group it issued: a group that ended after the branches had ptxas serialize
+      // the products (C7515; the merge copies the accumulators).
+      if (update) {
+        update_state();
+        wg_commit();
+        wg_wait_all();
+        wg_hold(S);
+      } else {
+        wg_commit();
+        wg_wait_all();
+      }
+      wg_hold(O);
+
+      // ---- epilogue: s O (times phi' for dq and dk) into the output rows ------------------------------
+      if (!Info::group_sum || s.last) {
+        const MutView out = kFwd ? p.o : R == ScanRole::kGradQ ? p.dq : R == ScanRole::kGradK ? p.dk : p.dv;
+        const bool dphi = (R == ScanRole::kGradQ || R == ScanRole::kGradK) && p.feature_map != FeatureMap::kIdentity;
+        const ConstView phi = R == ScanRole::kGradQ ? dphi_rows(feat.q, p.q) : dphi_rows(feat.k, p.k);
+        const int64_t head = Info::group_sum ? g : s.h;
+        const float out_scale = Info::group_sum ? 1.f : scale;  // dk and dv took s in their dout
+        float finite = 0.f;  // 0 while every written value is finite (note_nonfinite)
+#pragma unroll
+        for (int e = 0; e < NC / 2; e += 2) {
+          const int r = r0 + 8 * ((e >> 1) & 1), c = wg_acc_col(tid, e);
+          if (r >= s.cl || (kPadded && c0 + c >= out_cols)) continue;
+          float x0 = out_scale * O[e], x1 = out_scale * O[e + 1];
+          if (dphi) {
+            const float2 y = *reinterpret_cast<const float2*>(row<float>(phi, seq.b, s.t0 + r, head) + c0 + c);
+            x0 *= dphi_of_phi(p.feature_map, y.x);
+            x1 *= dphi_of_phi(p.feature_map, y.y);
+          }
+          finite = fmaf(x0, 0.f, fmaf(x1, 0.f, finite));
+          *reinterpret_cast<float2*>(row<float>(out, seq.b, s.t0 + r, head) + c0 + c) = make_float2(x0, x1);
+        }
+        nonfinite |= finite != 0.f;
+      }
+    } else if (update) {
+      // ---- pass 1 of a split: only the state moves --------------------------------------------------
+      gather_b();
+      wg_hold(ka);
+      wg_hold(S);
+      wg_fence();
+      update_state();
+      wg_commit();
+      wg_wait_all();
+      wg_hold(S);
+    }
+
+    __syncthreads();  // every warp is done with this stage, Cv^T and S^T
+    if (update && !split.state_only) publish_state();
+  }
+  cp_async_wait<0>();
+  note_nonfinite(p, state_row, nonfinite);
+
+  // ---- pass 1: this segment's partial; otherwise the final state, from the last segment -------------
+  if (split.state_only) {
+    float* part = partial_at(seg);
+    for_each_state([&](float& x, int d, int c) { part[d * NC + c] = x; });
+    return;
+  }
+  if (seg != split.segments - 1) return;
+  if constexpr (kFwd || Info::dv_like) {
+    float* final_S = static_cast<float*>(kFwd ? p.final_S : p.d_initial_S);
+    if (final_S != nullptr) for_each_real_state([&](float& x, int d, int c) { final_S[mat_index(d, c)] = x; });
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // launched from an image without sm_90a code: fail loudly rather than leave outputs unwritten
+#endif
+}
+
+}  // namespace attnrnn::cuda
