@@ -43,9 +43,10 @@ Status prepare_features(const ChunkPlan& plan, const ChunkArgs& p, ScanFeatures&
 }
 
 // One sweep of `kernel` (mma_scan_kernel, wgmma_scan_kernel, wgmma_pair_scan_kernel,
-// wgmma_tf32_scan_kernel or wgmma_grad_kv_kernel): grid (sequences x segments x tiles, kv heads) of `threads`, over chunks of
-// `chunk` tokens. Where it splits, pass 1 runs first as the plan says: the kernel itself summing only,
-// state_pass(split, grid, stream), or nothing (its partials were written before).
+// wgmma_tf32_scan_kernel or wgmma_grad_kv_kernel): grid (sequences x segments x tiles, kv heads) of
+// `threads`, over chunks of `chunk` tokens. Where it splits, pass 1 runs first as the plan says: the
+// kernel itself summing only, state_pass(split, grid, stream), or nothing (its partials were written
+// before).
 template <class Kernel, class StatePass>
 Status run_sweep(Kernel kernel, int64_t smem_bytes, int threads, int chunk, const ChunkArgs& p, const Sweep& sweep,
                  int64_t tiles, const ScanFeatures& feat, const char* what, StatePass state_pass) {
