@@ -186,6 +186,9 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
   return r;
 }
 __device__ __forceinline__ float tf32_rounded(float x) { return __uint_as_float(to_tf32(x)); }
+__device__ __forceinline__ float4 tf32_rounded(float4 x) {
+  return make_float4(tf32_rounded(x.x), tf32_rounded(x.y), tf32_rounded(x.z), tf32_rounded(x.w));
+}
 // The same rounding for a finite x in two integer operations: cvt.rna's four (sm_90) also keep a NaN's
 // payload out of the carry. 3xTF32's small part is finite wherever its big part is.
 __device__ __forceinline__ uint32_t to_tf32_finite(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }

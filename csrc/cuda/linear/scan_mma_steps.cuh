@@ -17,9 +17,7 @@ __device__ __forceinline__ void tf32_round_own_pieces(float* tile, int ld, int w
   const int e = (tid % pieces) * kPieceElems<float>;
   for (int t = tid / pieces; t < kChunk; t += rows_per_pass) {
     float4* piece = reinterpret_cast<float4*>(tile + t * ld + e);
-    float4 x = *piece;
-    x = make_float4(tf32_rounded(x.x), tf32_rounded(x.y), tf32_rounded(x.z), tf32_rounded(x.w));
-    *piece = x;
+    *piece = tf32_rounded(*piece);
   }
 }
 

@@ -76,16 +76,17 @@ __device__ __forceinline__ void tf32_load(unsigned char* dst, const Tf32Source& 
   }
 }
 
-// This thread's pieces of a K-major tile (tf32_load's), times w and rounded to TF32 in place.
+// This thread's pieces of a K-major swizzled tile (tf32_load's), times w and rounded to TF32 in place
+// (scan_mma_steps.cuh's tf32_round_own_pieces rounds the mma.sync sweeps' row-major tiles).
 template <bool kScaled = false>
-__device__ __forceinline__ void tf32_round_own_pieces(unsigned char* tile, int tid, float w = 1.f) {
+__device__ __forceinline__ void tf32_round_own_swizzled_pieces(unsigned char* tile, int tid, float w = 1.f) {
   const int r0 = tid / 16, c = (tid % 16) * 4;
 #pragma unroll
   for (int j = 0; j < kChunk / 8; ++j) {
     float4* x = reinterpret_cast<float4*>(tile + (c / 32) * WgmmaTf32Layout::atom + tf32_swizzled(r0 + 8 * j, c % 32));
     float4 v = *x;
     if constexpr (kScaled) v = make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
-    *x = make_float4(tf32_rounded(v.x), tf32_rounded(v.y), tf32_rounded(v.z), tf32_rounded(v.w));
+    *x = tf32_rounded(v);
   }
 }
 
@@ -203,8 +204,8 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaTf32Tiles::blocks_per_sm)
     cp_async_wait<NS - 2>();  // this step's pieces, as this thread copied them
     unsigned char* At = stage(i);
     unsigned char* Bt = At + L::tile;
-    if (!split.state_only) tf32_round_own_pieces(At, tid);
-    tf32_round_own_pieces<kDk>(Bt, tid, scale);  // dk's B is dout: times s
+    if (!split.state_only) tf32_round_own_swizzled_pieces(At, tid);
+    tf32_round_own_swizzled_pieces<kDk>(Bt, tid, scale);  // dk's B is dout: times s
     // dv's Cv is dout: times s; Cv^T is free, the last step ended in a barrier
     tf32_transpose_own_pieces<Info::dv_like>(Bt + L::tile, Cvt, tid, scale);
     wg_fence_shared();
