@@ -98,6 +98,11 @@ struct Rules {
   const testing::PlanOverride& forced;
 
   int64_t kv_blocks() const { return num_states(p) * p.num_kv_heads; }
+  // a sweep's (sequence, output tile of `columns`, kv head) blocks, a partly written last tile included
+  int64_t tiled_blocks(Role r, int64_t columns) const {
+    return kv_blocks() * ((output_dim(p, r) + columns - 1) / columns);
+  }
+  int64_t tf32_blocks(Role r) const { return tiled_blocks(r, WgmmaTf32Tiles::columns); }
   int segments(int64_t blocks, int per_sm, bool sparse_slots = false) const {
     return split_segments(blocks, per_sm, p.seqlen, device.sm_count, forced.segments, sparse_slots);
   }
@@ -109,9 +114,6 @@ struct Rules {
   bool tf32_wgmma(Role r) const {
     return fp32(p) && p.allow_tf32 && !p.normalize && device.wgmma && !forced.mma_sync &&
            inner_dim(p, r) <= WgmmaTf32Tiles::inner;
-  }
-  int64_t tf32_blocks(Role r) const {
-    return kv_blocks() * ((output_dim(p, r) + WgmmaTf32Tiles::columns - 1) / WgmmaTf32Tiles::columns);
   }
   bool wgmma(bool backward) const {
     return wgmma_device() && (exact_dims(p, backward) || padded_dims(p, backward, true));
@@ -136,7 +138,7 @@ struct Rules {
       default: return wgmma_tile_of<256>();
     }
   }
-  int64_t wgmma_blocks(Role r) const { return kv_blocks() * ((output_dim(p, r) + 63) / 64); }
+  int64_t wgmma_blocks(Role r) const { return tiled_blocks(r, WgmmaTiles<64>::columns); }
   int wgmma_segments(Role r) const {
     const int per_sm = wgmma_tile(padded_inner(r)).per_sm;
     // split_segments' sparse_slots: three blocks per SM, and tiles that are at least half padding
@@ -163,10 +165,7 @@ struct Rules {
   MmaTile mma_tile(int64_t inner) const { return inner == 64 ? mma_tile_of<64>(fp32(p)) : mma_tile_of<128>(fp32(p)); }
   // an mma.sync sweep's blocks (partly written output tiles included); its inner dim DI is
   // padded_inner (the exact 64 and 128 map to themselves)
-  int64_t mma_blocks(Role r) const {
-    const int64_t columns = mma_tile(padded_inner(r)).columns;
-    return kv_blocks() * ((output_dim(p, r) + columns - 1) / columns);
-  }
+  int64_t mma_blocks(Role r) const { return tiled_blocks(r, mma_tile(padded_inner(r)).columns); }
   int mma_segments(Role r) const {
     // fp32: split_segments' sparse_slots (tiles.h, split_segments)
     return segments(mma_blocks(r), static_cast<int>(mma_tile(padded_inner(r)).per_sm), fp32(p));
