@@ -169,16 +169,9 @@ TF32_WGMMA_CASES = [
 ]
 
 
-@pytest.fixture
-def tf32_allowed():
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    yield
-    torch.set_float32_matmul_precision(before)
-
-
+@pytest.mark.parametrize("float32_matmul_precision", ["high"], indirect=True)
 @pytest.mark.parametrize("case", TF32_WGMMA_CASES, ids=lambda c: c.id)
-def test_fp32_tf32_wgmma_sweeps_meet_rules(ar, ref, tf32_allowed, case):
+def test_fp32_tf32_wgmma_sweeps_meet_rules(ar, ref, float32_matmul_precision, case):
     ours, base, ref64 = compute_all(ar, ref, "chunk", case, "cuda")
     check_all(ours, base, ref64, case.dtype, r2_tol=R2_TOL[fp16])
 
@@ -187,16 +180,12 @@ def test_fp32_tf32_wgmma_sweeps_meet_rules(ar, ref, tf32_allowed, case):
 # "highest" (3xTF32 on mma.sync) or with the normalizer; at K = 64, V = 128 the forward and dv (inner
 # dim K) but not dq and dk (inner dim V).
 @WGMMA
-@pytest.mark.parametrize("precision,normalize,V,roles", [
+@pytest.mark.parametrize("float32_matmul_precision,normalize,V,roles", [
     ("high", False, 64, {0, 1, 2, 3}), ("highest", False, 64, set()), ("high", True, 64, set()),
-    ("high", False, 128, {0, 3})], ids=["high-K64-V64", "highest-K64-V64", "high-normalize-K64-V64", "high-K64-V128"])
-def test_fp32_sweeps_run_on_tf32_wgmma_where_allowed(ar, precision, normalize, V, roles):
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
-        names = _kernels_of_a_forward_backward(ar, Case(1, 1000, 2, 64, fp32, V=V, normalize=normalize))
-    finally:
-        torch.set_float32_matmul_precision(before)
+    ("high", False, 128, {0, 3})], ids=["high-K64-V64", "highest-K64-V64", "high-normalize-K64-V64", "high-K64-V128"],
+    indirect=["float32_matmul_precision"])
+def test_fp32_sweeps_run_on_tf32_wgmma_where_allowed(ar, float32_matmul_precision, normalize, V, roles):
+    names = _kernels_of_a_forward_backward(ar, Case(1, 1000, 2, 64, fp32, V=V, normalize=normalize))
     assert _roles_of("wgmma_tf32_scan_kernel", names) == roles, names
     assert _roles_of("mma_scan_kernel<float", names) == {0, 1, 2, 3} - roles, names
 
