@@ -13,8 +13,9 @@ speed-up over fla and the share of the memory floor: q, k, v read and o written 
 backward also q, k, v, do read and dq, dk, dv written (6K + 5V elements per (token, head)), at the
 device's copy rate. fp32 rows (K = V up to 128, the mma.sync sweeps' dims) run under each precision
 setting; fla's Triton kernels read fp32 operands as TF32 under both. At K = V = 32, 64 and 128 in
-bf16, attnrnn's mma.sync sweeps (the path of GPUs without wgmma) are timed too, forced through the
-testing hook on the same GPU: a stand-in for Ampere-class parts.
+bf16, and for fp32 at "high" (where sm_90a runs TF32 wgmma), attnrnn's mma.sync sweeps (the path of
+GPUs without wgmma) are timed too, forced through the testing hook on the same GPU: a stand-in for
+Ampere-class parts.
 """
 import argparse
 import json
@@ -102,7 +103,7 @@ def measure_shape(K, V, H, dtype, precision, fla, bandwidth):
     for normalize in (False, True):
         impls = {"attnrnn": lambda a, b, c: attnrnn.chunk_linear_attn(a, b, c, normalize=normalize)[0],
                  "fla_chunk": lambda a, b, c: fla["chunk"](a, b, c, normalize=normalize)[0]}
-        if dtype == torch.bfloat16 and (K, V) in MMA_SYNC_DIMS:
+        if (dtype == torch.bfloat16 and (K, V) in MMA_SYNC_DIMS) or name == "fp32-high":
             impls["attnrnn_mma_sync"] = on_mma_sync(impls["attnrnn"])
         times = {}
         for impl, op in impls.items():

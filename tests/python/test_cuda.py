@@ -104,16 +104,20 @@ def test_fp32_meets_rules_at_each_matmul_precision(ar, ref, case, float32_matmul
     check_all(ours, base, ref64, case.dtype, r2_tol=R2_TOL[fp16] if tf32 else None)
 
 
-# fp32 at K = V = 128 runs every sweep on the mma.sync kernels at both precisions, with the weights
-# pass only with normalize: on TF32 operands at "high", split into 3xTF32 (the kernels' last template
-# argument, true) at "highest". (The generic kernels launch after them too, and return at once unless a row was
-# not finite: args.cuh's note_nonfinite.)
+# fp32 at K = V = 128 runs every sweep on the tensor cores at both precisions, with the weights pass
+# only with normalize: on TF32 wgmma at "high" without the normalizer on an sm_90a device, else on the
+# mma.sync kernels, on TF32 operands at "high" and split into 3xTF32 (the kernels' last template
+# argument, true) at "highest". (The generic kernels launch after them too, and return at once unless
+# a row was not finite: args.cuh's note_nonfinite.)
 @pytest.mark.parametrize("normalize", [True, False], ids=["normalize", "unnormalized"])
 def test_fp32_runs_on_the_tensor_cores_at_each_matmul_precision(ar, float32_matmul_precision, normalize):
     names = _kernels_of_a_forward_backward(ar, Case(1, 1000, 2, 128, fp32, normalize=normalize))
     exact = float32_matmul_precision == "highest"
+    sm90a = ar._C.built_with_wgmma() and torch.cuda.get_device_capability()[0] == 9
+    tf32_wgmma = not exact and not normalize and sm90a
     sweeps = [n for n in names if "mma_scan_kernel<float" in n]
-    assert _roles_of("mma_scan_kernel<float", sweeps) == {0, 1, 2, 3}, names
+    assert _roles_of("wgmma_tf32_scan_kernel", names) == ({0, 1, 2, 3} if tf32_wgmma else set()), names
+    assert _roles_of("mma_scan_kernel<float", sweeps) == (set() if tf32_wgmma else {0, 1, 2, 3}), names
     assert all(f", {str(exact).lower()}, false>(" in n for n in sweeps), sweeps  # kTf32x3, kPadded
     assert any("grad_weights_kernel<float" in n for n in names) == normalize, names
 
@@ -154,10 +158,10 @@ WGMMA = pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability()[0] !=
                            reason="the wgmma sweeps need an sm_90a device")
 
 
-# fp32 without the normalizer at "high" on the TF32 wgmma sweeps (scan_wgmma_tf32.cuh), wherever a
-# role's inner dim is at most 64: exact and padded dims, output tiles of 32 columns partly written,
-# GQA (dk and dv summing a group's heads), varlen, states, split sweeps, feature maps, and K = 64
-# with V = 128, whose dq and dk (inner dim V) stay on mma.sync beside them.
+# fp32 without the normalizer at "high" on the TF32 wgmma sweeps (scan_wgmma_tf32.cuh), inner dims 64
+# and 128: exact and padded dims, output tiles of 32 columns partly written, GQA (dk and dv summing a
+# group's heads), varlen, states, split sweeps, feature maps, and K = 64 with V = 128, whose dq and dk
+# (inner dim V) run at inner dim 128 beside the forward and dv at 64.
 TF32_WGMMA_CASES = [
     Case(2, 300, 4, 64, fp32, Hkv=2, feature_map=None, normalize=False, initial_state=True, final_state=True),
     Case(1, 333, 4, 32, fp32, Hkv=1, normalize=False, seqlens=(0, 64, 1, 200, 68), initial_state=True,
@@ -166,6 +170,8 @@ TF32_WGMMA_CASES = [
     Case(1, 4100, 2, 64, fp32, normalize=False, initial_state=True, final_state=True),
     Case(1, 3000, 3, 16, fp32, V=24, normalize=False),
     Case(2, 190, 2, 64, fp32, V=128, normalize=False, initial_state=True, final_state=True),
+    Case(1, 300, 4, 128, fp32, Hkv=2, feature_map=None, normalize=False, initial_state=True, final_state=True),
+    Case(1, 2100, 2, 96, fp32, V=80, normalize=False, initial_state=True, final_state=True),
 ]
 
 
@@ -176,13 +182,13 @@ def test_fp32_tf32_wgmma_sweeps_meet_rules(ar, ref, float32_matmul_precision, ca
     check_all(ours, base, ref64, case.dtype, r2_tol=R2_TOL[fp16])
 
 
-# Which sweeps run on TF32 wgmma: all four at "high" without the normalizer and K = V = 64; none at
-# "highest" (3xTF32 on mma.sync) or with the normalizer; at K = 64, V = 128 the forward and dv (inner
-# dim K) but not dq and dk (inner dim V).
+# Which sweeps run on TF32 wgmma: all four at "high" without the normalizer, at K = V = 64 and at
+# K = 64, V = 128 (dq and dk at inner dim 128); none at "highest" (3xTF32 on mma.sync) or with the
+# normalizer.
 @WGMMA
 @pytest.mark.parametrize("float32_matmul_precision,normalize,V,roles", [
     ("high", False, 64, {0, 1, 2, 3}), ("highest", False, 64, set()), ("high", True, 64, set()),
-    ("high", False, 128, {0, 3})], ids=["high-K64-V64", "highest-K64-V64", "high-normalize-K64-V64", "high-K64-V128"],
+    ("high", False, 128, {0, 1, 2, 3})], ids=["high-K64-V64", "highest-K64-V64", "high-normalize-K64-V64", "high-K64-V128"],
     indirect=["float32_matmul_precision"])
 def test_fp32_sweeps_run_on_tf32_wgmma_where_allowed(ar, float32_matmul_precision, normalize, V, roles):
     names = _kernels_of_a_forward_backward(ar, Case(1, 1000, 2, 64, fp32, V=V, normalize=normalize))

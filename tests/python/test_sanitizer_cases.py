@@ -66,6 +66,7 @@ def test_forward_backward_tour(ar, ref, device, op, case):
 TF32_CASES = [
     Case(1, 2100, 2, 48, torch.float32, Hkv=1, V=40, normalize=False, initial_state=True, final_state=True),
     Case(1, 70, 2, 64, torch.float32, feature_map="relu", normalize=False, seqlens=(0, 20, 50)),
+    Case(1, 150, 2, 128, torch.float32, V=96, normalize=False, initial_state=True, final_state=True),
 ]
 
 

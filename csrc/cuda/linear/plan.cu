@@ -102,7 +102,9 @@ struct Rules {
   int64_t tiled_blocks(Role r, int64_t columns) const {
     return kv_blocks() * ((output_dim(p, r) + columns - 1) / columns);
   }
-  int64_t tf32_blocks(Role r) const { return tiled_blocks(r, WgmmaTf32Tiles::columns); }
+  int64_t tf32_blocks(Role r) const {
+    return tiled_blocks(r, WgmmaTf32Tiles<64>::columns);  // both inner dims
+  }
   int segments(int64_t blocks, int per_sm, bool sparse_slots = false) const {
     return split_segments(blocks, per_sm, p.seqlen, device.sm_count, forced.segments, sparse_slots);
   }
@@ -113,7 +115,7 @@ struct Rules {
   // fp32 on scan_wgmma_tf32.cuh: the call allows TF32, no normalizer, and the role's inner dim fits
   bool tf32_wgmma(Role r) const {
     return fp32(p) && p.allow_tf32 && !p.normalize && device.wgmma && !forced.mma_sync &&
-           inner_dim(p, r) <= WgmmaTf32Tiles::inner;
+           inner_dim(p, r) <= WgmmaTf32Tiles<128>::inner;
   }
   bool wgmma(bool backward) const {
     return wgmma_device() && (exact_dims(p, backward) || padded_dims(p, backward, true));
@@ -177,9 +179,9 @@ struct Rules {
     s.inner = static_cast<int>(inner_dim(p, r));
     if (tf32_wgmma(r)) {
       s.kernel = SweepKernel::kWgmmaTf32;
-      s.inner = WgmmaTf32Tiles::inner;
-      s.padded = inner_dim(p, r) != WgmmaTf32Tiles::inner || output_dim(p, r) % WgmmaTf32Tiles::columns != 0;
-      s.segments = segments(tf32_blocks(r), WgmmaTf32Tiles::blocks_per_sm);
+      s.inner = tf32_inner_dim(inner_dim(p, r));
+      s.padded = inner_dim(p, r) != s.inner || output_dim(p, r) % WgmmaTf32Tiles<64>::columns != 0;
+      s.segments = segments(tf32_blocks(r), WgmmaTf32Tiles<64>::blocks_per_sm);
     } else if (on_wgmma && padded(r)) {  // the 64-token sweep, its tiles padded
       s.kernel = SweepKernel::kWgmma;
       s.inner = padded_inner(r);
@@ -203,7 +205,9 @@ struct Rules {
   int64_t partial_floats(Role r, const Sweep& s) const {
     if (s.segments <= 1) return 0;
     if (s.kernel == SweepKernel::kMma) return s.segments * mma_blocks(r) * mma_tile(s.inner).partial_floats;
-    if (s.kernel == SweepKernel::kWgmmaTf32) return s.segments * tf32_blocks(r) * WgmmaTf32Tiles::partial_floats;
+    if (s.kernel == SweepKernel::kWgmmaTf32)
+      return s.segments * tf32_blocks(r) *
+             (s.inner == 64 ? WgmmaTf32Tiles<64>::partial_floats : WgmmaTf32Tiles<128>::partial_floats);
     return s.segments * wgmma_blocks(r) * wgmma_tile(s.inner).partial_floats;
   }
 

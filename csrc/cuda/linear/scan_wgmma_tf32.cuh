@@ -1,13 +1,15 @@
 // Chunkwise causal linear attention with fp32 operands on TF32 warpgroup MMA (sm_90a), without the
 // normalizer: the forward and the dq, dk, dv sweeps of scan_roles.cuh where the call allows TF32
-// (PyTorch's "high" or "medium" float32 matmul precision) and the role's inner dim is at most 64.
+// (PyTorch's "high" or "medium" float32 matmul precision) and the role's inner dim is at most 128
+// (DI = 64 or 128, padded).
 // One warpgroup (128 threads) per (sequence [x segment], 32 output columns, kv head); a step is one
 // (chunk of 64 tokens, query head) pair, in sweep order, as in scan_wgmma.cuh. TF32 wgmma reads both
 // shared operands K-major only, so every product is laid out with its inner index along the rows:
-//   P = mask(A B^T)     A, B [64 tokens][64 dims]                        shared x shared
-//   O = A S             B = S^T [32 columns][64 dims], published rounded   shared x shared
+//   P = mask(A B^T)     A, B [64 tokens][DI dims]                        shared x shared
+//   O = A S             B = S^T [32 columns][DI dims], published rounded   shared x shared
 //   O += P Cv           P as register A, B = Cv^T [32 columns][64 tokens]  registers x shared
 //   S += B^T Cv         B^T as register A, gathered from the B tile        registers x shared
+//                       (per 64-dim block of S)
 // The register operands hold the tokens of each 8-token group in the order (0, 2, 4, 6, 1, 3, 5, 7):
 // the order in which P's accumulator holds them, so that P feeds its product as it is; Cv^T is
 // written in that order, and the gather from B takes it too.
@@ -31,18 +33,19 @@ __host__ __device__ __forceinline__ int tf32_swizzled(int r, int c) {
   return r * 128 + (((c >> 2) ^ (r & 7)) << 4) + (c & 3) * 4;
 }
 
+template <int DI>
 struct WgmmaTf32Layout {
-  using Tiles = WgmmaTf32Tiles;
-  static constexpr int DI = Tiles::inner, NC = Tiles::columns, NS = Tiles::stages;
+  using Tiles = WgmmaTf32Tiles<DI>;
+  static constexpr int NC = Tiles::columns, NS = Tiles::stages, KT = DI / 64;
   static constexpr int atom = kChunk * 128;      // [64 tokens][32 floats]: 8 KiB
-  static constexpr int tile = (DI / 32) * atom;  // A or B: [64 tokens][64 dims], 16 KiB
+  static constexpr int tile = (DI / 32) * atom;  // A or B: [64 tokens][DI dims], 16 or 32 KiB
   static constexpr int cv = kChunk * NC * 4;     // Cv as it lands: [64 tokens][32 columns], row-major, 8 KiB
-  static constexpr int stage = 2 * tile + cv;    // 40 KiB
+  static constexpr int stage = 2 * tile + cv;    // 40 or 72 KiB
   static constexpr int column_atom = NC * 128;   // [32 columns][32 floats]: 4 KiB
   static constexpr int cvt = NS * stage;         // Cv^T [32 columns][64 token positions]: 8 KiB
-  static constexpr int st = cvt + 2 * column_atom;  // S^T [32 columns][64 dims]: 8 KiB
-  static constexpr int64_t smem_bytes = st + 2 * column_atom;  // 96 KiB
-  static constexpr int64_t partial_floats = Tiles::partial_floats;  // S [64][32]
+  static constexpr int st = cvt + 2 * column_atom;  // S^T [32 columns][DI dims]: 8 or 16 KiB
+  static constexpr int64_t smem_bytes = st + (DI / 32) * column_atom;  // 96 KiB (DI = 64: 2 stages, 128: 1)
+  static constexpr int64_t partial_floats = Tiles::partial_floats;  // S [DI][32]
   static_assert(Tiles::blocks_per_sm * (smem_bytes + 1024) <= 228 * 1024, "blocks_per_sm blocks must fit on an SM");
 };
 
@@ -57,7 +60,7 @@ struct Tf32Source {
   int cols;  // real columns from col0 on
 };
 
-// `width` (64 or 32) columns of a chunk's rows (from token t0, cl of them valid) of `head`: tid copies
+// `width` (128, 64 or 32) columns of a chunk's rows (from token t0, cl of them valid) of `head`: tid copies
 // 16-byte pieces tid + 128 j, row piece / (width / 4); rows past the chunk's end and columns past
 // src.cols (kPadded) arrive as zeros. K-major atoms (A, B) or row-major rows (Cv).
 template <int kWidth, bool kPadded, bool kKMajor>
@@ -71,19 +74,21 @@ __device__ __forceinline__ void tf32_load(unsigned char* dst, const Tf32Source& 
   for (int j = 0; j < kChunk / rows_apart; ++j) {
     const int r = r0 + rows_apart * j;
     const bool valid = r < cl && real;
-    const int at = kKMajor ? (c / 32) * WgmmaTf32Layout::atom + tf32_swizzled(r, c % 32) : (r * kWidth + c) * 4;
+    const int at = kKMajor ? (c / 32) * (kChunk * 128) + tf32_swizzled(r, c % 32) : (r * kWidth + c) * 4;
     cp_async16(dst + at, valid ? chunk + r * src.stride_t : src.base, valid);
   }
 }
 
-// This thread's pieces of a K-major swizzled tile (tf32_load's), times w and rounded to TF32 in place
-// (scan_mma_steps.cuh's tf32_round_own_pieces rounds the mma.sync sweeps' row-major tiles).
-template <bool kScaled = false>
+// This thread's pieces of a K-major swizzled tile of DI columns (tf32_load's), times w and rounded to
+// TF32 in place (scan_mma_steps.cuh's tf32_round_own_pieces rounds the mma.sync sweeps' row-major
+// tiles).
+template <int DI, bool kScaled = false>
 __device__ __forceinline__ void tf32_round_own_swizzled_pieces(unsigned char* tile, int tid, float w = 1.f) {
-  const int r0 = tid / 16, c = (tid % 16) * 4;
+  constexpr int per_row = DI / 4, rows_apart = kScanThreads / per_row;
+  const int r0 = tid / per_row, c = (tid % per_row) * 4;
 #pragma unroll
-  for (int j = 0; j < kChunk / 8; ++j) {
-    float4* x = reinterpret_cast<float4*>(tile + (c / 32) * WgmmaTf32Layout::atom + tf32_swizzled(r0 + 8 * j, c % 32));
+  for (int j = 0; j < kChunk / rows_apart; ++j) {
+    float4* x = reinterpret_cast<float4*>(tile + (c / 32) * (kChunk * 128) + tf32_swizzled(r0 + rows_apart * j, c % 32));
     float4 v = *x;
     if constexpr (kScaled) v = make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
     *x = tf32_rounded(v);
@@ -94,13 +99,13 @@ __device__ __forceinline__ void tf32_round_own_swizzled_pieces(unsigned char* ti
 template <bool kScaled = false>
 __device__ __forceinline__ void tf32_transpose_own_pieces(const unsigned char* cv, unsigned char* cvt, int tid,
                                                           float w = 1.f) {
-  constexpr int NC = WgmmaTf32Layout::NC;
+  constexpr int NC = WgmmaTf32Tiles<64>::columns;
   const int r0 = tid / (NC / 4), c = (tid % (NC / 4)) * 4;
 #pragma unroll
   for (int j = 0; j < kChunk / (kScanThreads / (NC / 4)); ++j) {
     const int r = r0 + (kScanThreads / (NC / 4)) * j, pos = tf32_position(r);
     const float4 v = *reinterpret_cast<const float4*>(cv + (r * NC + c) * 4);
-    unsigned char* to = cvt + (pos / 32) * WgmmaTf32Layout::column_atom;
+    unsigned char* to = cvt + (pos / 32) * (NC * 128);
     float x[4] = {v.x, v.y, v.z, v.w};
     if constexpr (kScaled)
 #pragma unroll
@@ -115,15 +120,15 @@ __device__ __forceinline__ uint64_t tf32_slice(const unsigned char* base, int at
   return wg_descriptor(base, (j / 4) * atom + 32 * (j % 4));
 }
 
-template <ScanRole R, bool kPadded = false>
-__global__ void __launch_bounds__(kScanThreads, WgmmaTf32Tiles::blocks_per_sm)
+template <ScanRole R, int DI, bool kPadded = false>
+__global__ void __launch_bounds__(kScanThreads, WgmmaTf32Tiles<DI>::blocks_per_sm)
     wgmma_tf32_scan_kernel(const ChunkArgs p, const SegmentSplit split, const ScanFeatures feat) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(R != ScanRole::kGradKV, "dk and dv run as two sweeps");
   using Info = RoleInfo<R>;
-  using L = WgmmaTf32Layout;
+  using L = WgmmaTf32Layout<DI>;
   constexpr bool kFwd = R == ScanRole::kForward, kDk = R == ScanRole::kGradK;
-  constexpr int NC = L::NC, NS = L::NS;
+  constexpr int NC = L::NC, NS = L::NS, KT = L::KT;
   extern __shared__ __align__(1024) unsigned char smem[];
   if (smem_addr(smem) % 1024 != 0) __trap();  // the swizzle and the descriptors assume it
   unsigned char* Cvt = smem + L::cvt;
@@ -131,7 +136,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaTf32Tiles::blocks_per_sm)
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
   const int64_t out_cols = (kFwd || Info::dv_like) ? V : K;
-  const int64_t inner = (kFwd || Info::dv_like) ? K : V;  // L::DI where not kPadded
+  const int64_t inner = (kFwd || Info::dv_like) ? K : V;  // DI where not kPadded
   const int tiles = static_cast<int>(kPadded ? (out_cols + NC - 1) / NC : out_cols / NC), tile = blockIdx.x % tiles;
   const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
   const int seg = (blockIdx.x / tiles) % split.segments;
@@ -144,11 +149,18 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaTf32Tiles::blocks_per_sm)
   };
   auto partial_at = [&](int j) { return split.partial_at(j, n, g, Hkv, tiles, tile, L::partial_floats); };
 
-  // ---- the state S [64 dims][32 columns] in fp32 registers, and S^T rounded for A S ------------------
-  float S[NC / 2];
+  // ---- the state S [DI dims][32 columns] in fp32 registers (KT accumulators of 64 dims), and S^T
+  // rounded for A S
+  float S[KT][NC / 2];
   auto for_each_state = [&](auto&& f) {
 #pragma unroll
-    for (int i = 0; i < NC / 2; ++i) f(S[i], wg_acc_row(tid, i), wg_acc_col(tid, i));
+    for (int h = 0; h < KT; ++h)
+#pragma unroll
+      for (int i = 0; i < NC / 2; ++i) f(S[h][i], 64 * h + wg_acc_row(tid, i), wg_acc_col(tid, i));
+  };
+  auto hold_state = [&]() {
+#pragma unroll
+    for (int h = 0; h < KT; ++h) wg_hold(S[h]);
   };
   auto for_each_real_state = [&](auto&& f) {
     for_each_state([&](float& x, int d, int c) {
@@ -185,8 +197,8 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaTf32Tiles::blocks_per_sm)
     const WgStep s = walk.at<Info::reverse>(issued);
     walk.advance(issued);
     unsigned char* st = stage(i);
-    if (!split.state_only) tf32_load<64, kPadded, true>(st, a_src, head_of(Info::a, s), s.t0, s.cl, tid);
-    tf32_load<64, kPadded, true>(st + L::tile, b_src, head_of(Info::b, s), s.t0, s.cl, tid);
+    if (!split.state_only) tf32_load<DI, kPadded, true>(st, a_src, head_of(Info::a, s), s.t0, s.cl, tid);
+    tf32_load<DI, kPadded, true>(st + L::tile, b_src, head_of(Info::b, s), s.t0, s.cl, tid);
     tf32_load<NC, kPadded, false>(st + 2 * L::tile, c_src, head_of(Info::c, s), s.t0, s.cl, tid);
   };
   for (int i = 0; i < NS - 1; ++i) {
@@ -201,60 +213,81 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaTf32Tiles::blocks_per_sm)
   for (int i = 0; i < steps; ++i) {
     const WgStep s = walk.at<Info::reverse>(current);
     walk.advance(current);
-    cp_async_wait<NS - 2>();  // this step's pieces, as this thread copied them
+    if constexpr (NS == 1) {  // one stage: the last step's products are done with it (its last barrier)
+      issue(i);
+      cp_async_commit();
+    }
+    cp_async_wait<NS == 1 ? 0 : NS - 2>();  // this step's pieces, as this thread copied them
     unsigned char* At = stage(i);
     unsigned char* Bt = At + L::tile;
-    if (!split.state_only) tf32_round_own_swizzled_pieces(At, tid);
-    tf32_round_own_swizzled_pieces<kDk>(Bt, tid, scale);  // dk's B is dout: times s
+    if (!split.state_only) tf32_round_own_swizzled_pieces<DI>(At, tid);
+    tf32_round_own_swizzled_pieces<DI, kDk>(Bt, tid, scale);  // dk's B is dout: times s
     // dv's Cv is dout: times s; Cv^T is free, the last step ended in a barrier
     tf32_transpose_own_pieces<Info::dv_like>(Bt + L::tile, Cvt, tid, scale);
     wg_fence_shared();
     __syncthreads();  // every piece of the step's operands is in place; the last step's stage is free
-    if (i + NS - 1 < steps) issue(i + NS - 1);
-    cp_async_commit();
+    if constexpr (NS > 1) {
+      if (i + NS - 1 < steps) issue(i + NS - 1);
+      cp_async_commit();
+    }
 
     const bool update = Info::group_sum || s.last;  // S moves after this step
-    // B^T as register A of S += B^T Cv: dims r0 (+ 8) of each 64-dim block, tokens in operand order
+    // B^T as register A of S += B^T Cv, one 64-dim block h at a time (at DI = 128 both blocks' 64
+    // registers at once spilled ~250 bytes): dims 64 h + r0 (+ 8), tokens in operand order
     uint32_t ka[8][4];
-    auto gather_b = [&]() {
+    auto gather_b = [&](int h) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int t = 8 * j + 2 * quad;
-        auto at = [&](int token, int d) {
-          return *reinterpret_cast<const uint32_t*>(Bt + (d / 32) * L::atom + tf32_swizzled(token, d % 32));
+        const int t = 8 * j + 2 * quad, d = 64 * h + r0;
+        auto at = [&](int token, int dim) {
+          return *reinterpret_cast<const uint32_t*>(Bt + (dim / 32) * L::atom + tf32_swizzled(token, dim % 32));
         };
-        ka[j][0] = at(t, r0);
-        ka[j][1] = at(t, r0 + 8);
-        ka[j][2] = at(t + 1, r0);
-        ka[j][3] = at(t + 1, r0 + 8);
+        ka[j][0] = at(t, d);
+        ka[j][1] = at(t, d + 8);
+        ka[j][2] = at(t + 1, d);
+        ka[j][3] = at(t + 1, d + 8);
       }
     };
-    auto update_state = [&]() {
+    auto update_state = [&](int h) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) wg_tf32_rs32(S, ka[j], tf32_slice(Cvt, L::column_atom, j));
+      for (int j = 0; j < 8; ++j) wg_tf32_rs32(S[h], ka[j], tf32_slice(Cvt, L::column_atom, j));
     };
-    // (the state's 16 registers hold 32 columns; a warp's 16 rows are 16 dims of the 64)
-    static_assert(NC == 32 && L::DI == 64, "the gather covers dims r0, r0 + 8 of one 16-dim block per warp");
+    // S += B^T Cv for the blocks h >= h0, each in its own group
+    auto update_state_from = [&](int h0) {
+#pragma unroll
+      for (int h = h0; h < KT; ++h) {
+        gather_b(h);
+        wg_hold(ka);
+        hold_state();
+        wg_fence();
+        update_state(h);
+        wg_commit();
+        wg_wait_all();
+        hold_state();
+      }
+    };
+    static_assert(NC == 32, "the state's 16 registers per 64 dims hold 32 columns");
     if (!split.state_only) {
       // ---- P = A B^T, and O = A S once per output ---------------------------------------------------
       float P[32];
       const bool fresh_output = !Info::group_sum || s.first;
-      wg_hold(S);
+      hold_state();
       if constexpr (Info::group_sum) wg_hold(O);
       wg_fence();
 #pragma unroll
-      for (int j = 0; j < 8; ++j) wg_tf32_ss<64>(P, tf32_slice(At, L::atom, j), tf32_slice(Bt, L::atom, j), j > 0);
+      for (int j = 0; j < DI / 8; ++j)
+        wg_tf32_ss<64>(P, tf32_slice(At, L::atom, j), tf32_slice(Bt, L::atom, j), j > 0);
       if (fresh_output) {  // (the group ends in each branch, as below)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < DI / 8; ++j)
           wg_tf32_ss<NC>(O, tf32_slice(At, L::atom, j), tf32_slice(St, L::column_atom, j), j > 0);
         wg_commit();
-        if (update) gather_b();  // while the products run
+        if (update) gather_b(0);  // while the products run
         wg_wait_all();
         wg_hold(O);
       } else {
         wg_commit();
-        if (update) gather_b();
+        if (update) gather_b(0);
         wg_wait_all();
       }
       wg_hold(P);
@@ -274,7 +307,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaTf32Tiles::blocks_per_sm)
       // ---- O += P Cv, and S += B^T Cv in the same group -------------------------------------------
       wg_hold(pa);
       wg_hold(ka);
-      wg_hold(S);
+      hold_state();
       wg_hold(O);
       wg_fence();
 #pragma unroll
@@ -282,15 +315,16 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaTf32Tiles::blocks_per_sm)
       // Each branch ends the group it issued: a group that ended after the branches had ptxas serialize
       // the products (C7515; the merge copies the accumulators).
       if (update) {
-        update_state();
+        update_state(0);
         wg_commit();
         wg_wait_all();
-        wg_hold(S);
+        hold_state();
       } else {
         wg_commit();
         wg_wait_all();
       }
       wg_hold(O);
+      if (update) update_state_from(1);  // DI = 128: the second block of dims
 
       // ---- epilogue: s O (times phi' for dq and dk) into the output rows ------------------------------
       if (!Info::group_sum || s.last) {
@@ -317,14 +351,7 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaTf32Tiles::blocks_per_sm)
       }
     } else if (update) {
       // ---- pass 1 of a split: only the state moves --------------------------------------------------
-      gather_b();
-      wg_hold(ka);
-      wg_hold(S);
-      wg_fence();
-      update_state();
-      wg_commit();
-      wg_wait_all();
-      wg_hold(S);
+      update_state_from(0);
     }
 
     __syncthreads();  // every warp is done with this stage, Cv^T and S^T

@@ -212,37 +212,47 @@ Status run_wgmma_pair_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFe
                    StateKernelPass<T, R, DI, WgmmaPairTiles::blocks_per_sm, WithNormalizer>{p, feat, L::chunk, what});
 }
 
-// The TF32 wgmma sweeps of fp32 (Sweep::kernel kWgmmaTf32: TF32 allowed, no normalizer), instantiated
-// apart (instantiations/tf32_wgmma_*_fp32.cu).
-template <ScanRole R, bool kPadded>
+// The TF32 wgmma sweeps of fp32 (Sweep::kernel kWgmmaTf32: TF32 allowed, no normalizer), inner dim DI,
+// instantiated apart (instantiations/tf32_wgmma_*_fp32.cu).
+template <ScanRole R, int DI, bool kPadded>
 Status run_wgmma_tf32_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
   if (const Status s = check_normalize_mode<false>(p, what); s != Status::kSuccess) return s;
   if (!p.allow_tf32) return fail(Status::kInvalidArgument, "%s: the TF32 sweep on a call that does not allow TF32", what);
+  using L = WgmmaTf32Layout<DI>;
   const int64_t cols = R == ScanRole::kForward || RoleInfo<R>::dv_like ? p.head_dim_v : p.head_dim_k;
-  constexpr int NC = WgmmaTf32Layout::NC;
-  const int64_t tiles = kPadded ? (cols + NC - 1) / NC : cols / NC;
-  return run_sweep(wgmma_tf32_scan_kernel<R, kPadded>, WgmmaTf32Layout::smem_bytes, kScanThreads, kChunk, p, sweep,
-                   tiles, feat, what, NoStateKernel{});
+  const int64_t tiles = kPadded ? (cols + L::NC - 1) / L::NC : cols / L::NC;
+  return run_sweep(wgmma_tf32_scan_kernel<R, DI, kPadded>, L::smem_bytes, kScanThreads, kChunk, p, sweep, tiles,
+                   feat, what, NoStateKernel{});
 }
-#define ATTNRNN_TF32_SWEEP(PREFIX, R)                                                                            \
-  PREFIX template Status run_wgmma_tf32_sweep<R, false>(const Sweep&, const ChunkArgs&, const ScanFeatures&, \
-                                                        const char*);                                          \
-  PREFIX template Status run_wgmma_tf32_sweep<R, true>(const Sweep&, const ChunkArgs&, const ScanFeatures&,  \
-                                                       const char*);
-#define ATTNRNN_TF32_BACKWARD(PREFIX)            \
-  ATTNRNN_TF32_SWEEP(PREFIX, ScanRole::kGradQ) \
-  ATTNRNN_TF32_SWEEP(PREFIX, ScanRole::kGradK) \
-  ATTNRNN_TF32_SWEEP(PREFIX, ScanRole::kGradV)
-ATTNRNN_TF32_SWEEP(extern, ScanRole::kForward)
-ATTNRNN_TF32_BACKWARD(extern)
+#define ATTNRNN_TF32_SWEEP(PREFIX, R, DI)                                                                         \
+  PREFIX template Status run_wgmma_tf32_sweep<R, DI, false>(const Sweep&, const ChunkArgs&, const ScanFeatures&, \
+                                                            const char*);                                          \
+  PREFIX template Status run_wgmma_tf32_sweep<R, DI, true>(const Sweep&, const ChunkArgs&, const ScanFeatures&,  \
+                                                           const char*);
+#define ATTNRNN_TF32_BACKWARD(PREFIX, DI)            \
+  ATTNRNN_TF32_SWEEP(PREFIX, ScanRole::kGradQ, DI) \
+  ATTNRNN_TF32_SWEEP(PREFIX, ScanRole::kGradK, DI) \
+  ATTNRNN_TF32_SWEEP(PREFIX, ScanRole::kGradV, DI)
+ATTNRNN_TF32_SWEEP(extern, ScanRole::kForward, 64)
+ATTNRNN_TF32_SWEEP(extern, ScanRole::kForward, 128)
+ATTNRNN_TF32_BACKWARD(extern, 64)
+ATTNRNN_TF32_BACKWARD(extern, 128)
+
+// A TF32 wgmma sweep on the inner dim its plan names, padded where the plan says.
+template <ScanRole R>
+Status run_planned_tf32_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
+  if (sweep.inner == 64)
+    return sweep.padded ? run_wgmma_tf32_sweep<R, 64, true>(sweep, p, feat, what)
+                        : run_wgmma_tf32_sweep<R, 64, false>(sweep, p, feat, what);
+  return sweep.padded ? run_wgmma_tf32_sweep<R, 128, true>(sweep, p, feat, what)
+                      : run_wgmma_tf32_sweep<R, 128, false>(sweep, p, feat, what);
+}
 
 // An fp32 sweep: on TF32 wgmma where the plan says, else on mma.sync with TF32 operands where the call
 // allows them, else 3xTF32.
 template <ScanRole R>
 Status run_fp32_sweep(const Sweep& sweep, const ChunkArgs& p, const ScanFeatures& feat, const char* what) {
-  if (sweep.kernel == SweepKernel::kWgmmaTf32)
-    return sweep.padded ? run_wgmma_tf32_sweep<R, true>(sweep, p, feat, what)
-                        : run_wgmma_tf32_sweep<R, false>(sweep, p, feat, what);
+  if (sweep.kernel == SweepKernel::kWgmmaTf32) return run_planned_tf32_sweep<R>(sweep, p, feat, what);
   if (sweep.kernel != SweepKernel::kMma)
     return fail(Status::kInvalidArgument, "%s: fp32 runs on mma.sync or TF32 wgmma only", what);
   return p.allow_tf32 ? run_planned_mma_sweep<float, R, false>(sweep, p, feat, what)

@@ -58,21 +58,29 @@ struct WgmmaTiles {
 };
 
 // TF32 wgmma scan (scan_wgmma_tf32.cuh): fp32 operands where the call allows TF32, without the
-// normalizer, inner dims up to 64 (padded to 64). 32 output columns per block, so that two blocks fit
-// per SM (96 KiB each: A, B 16 KiB and Cv 8 KiB per stage, 2 stages, Cv^T and S^T 8 KiB each), 2
-// cp.async stages. A prototype of its forward at B4-T8192-H16-K64 on an H100 took 0.362 ms with 32
-// columns against 0.502 with 64 (one block of 130 KiB per SM), where the mma.sync sweep took 0.495 and
-// fla's chunk 0.514 in the same process; truncating the operands instead of rounding them (cvt.rna)
-// saved 18% and quadrupled the error (relative RMS 1.8e-4 -> 7.2e-4 against fp64). The sweeps, at
-// "high" unnormalized K = V = 64 (same shape, one process): forward 0.329 ms (fla 0.480),
-// forward+backward 1.468 (fla 1.733; the mma.sync sweeps took 2.434 against fla's 1.632 in another
-// run). Inner dims past 64 would need 32 KiB A and B tiles: one block per SM. With the normalizer
-// fp32 stays on mma.sync, which beats fla there (its z sums and the rows' weights would need their
-// own TF32 layouts here). Segments: split_segments' half-the-SMs rule.
+// normalizer, inner dims up to 128 (padded to 64 or 128). 32 output columns per block, so that two
+// blocks fit per SM. A prototype of its forward at B4-T8192-H16-K64 on an H100 took 0.362 ms with 32
+// columns against 0.502 with 64 (one block of 130 KiB per SM), where the mma.sync sweep took 0.495
+// and fla's chunk 0.514 in the same process; truncating the operands instead of rounding them
+// (cvt.rna) saved 18% and quadrupled the error (relative RMS 1.8e-4 -> 7.2e-4 against fp64).
+// - inner dim 64: 2 cp.async stages, 96 KiB (A, B 16 KiB and Cv 8 KiB per stage, Cv^T and S^T 8 KiB
+//   each). At "high" unnormalized K = V = 64 (same shape, one process): forward 0.329 ms (fla 0.480),
+//   forward+backward 1.468 (fla 1.733; the mma.sync sweeps took 2.434 against fla's 1.632 in
+//   another run).
+// - inner dim 128 (K or V from 72 to 128): 1 stage, 96 KiB (A and B 32 KiB, S^T 16 KiB), as the fp32
+//   mma.sync sweeps do at DI = 128: the other block runs while one waits for its tiles (2 stages
+//   would leave one block per SM). Forward+backward at B4-T8192-H16, one process: K = V = 128 3.770
+//   ms, 96 3.560, where the mma.sync sweeps took 4.070 and 3.928 and fla 4.174 and 3.747.
+// With the normalizer fp32 stays on mma.sync, which beats fla there (its z sums and the rows' weights
+// would need their own TF32 layouts here). Segments: split_segments' half-the-SMs rule.
+template <int DI>
 struct WgmmaTf32Tiles {
-  static constexpr int inner = 64, columns = 32, blocks_per_sm = 2, stages = 2;
-  static constexpr int64_t partial_floats = inner * columns;  // a block's pass-1 partial: S [64][32]
+  static_assert(DI == 64 || DI == 128, "inner dim 64 or 128");
+  static constexpr int inner = DI, columns = 32, blocks_per_sm = 2, stages = DI == 64 ? 2 : 1;
+  static constexpr int64_t partial_floats = DI * columns;  // a block's pass-1 partial: S [DI][32]
 };
+// The inner dim of the TF32 wgmma sweeps for a real inner dim (<= 128).
+inline int tf32_inner_dim(int64_t inner) { return inner <= 64 ? 64 : 128; }
 
 // wgmma scan on 128-token chunks with two warpgroups (scan_wgmma_pair.cuh), inner dim 128: half the
 // steps for ~1.3x the products per step; one block (195.5 KiB) per SM.

@@ -1,0 +1,6 @@
+// The TF32 wgmma dq, dk and dv sweeps of fp32 at inner dim 64 (exact and padded).
+#include "../sweep.cuh"
+
+namespace attnrnn::cuda {
+ATTNRNN_TF32_BACKWARD(, 64)
+}  // namespace attnrnn::cuda
