@@ -22,6 +22,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from .__main__ import copy_bandwidth
 from .timing import median_ms
 
 TRAIN = [(4, 4096, 16, 64), (4, 4096, 16, 128), (4, 16384, 16, 64), (4, 16384, 16, 128)]
@@ -45,15 +46,6 @@ def kernel_names(fn):
         fn()
         torch.cuda.synchronize()
     return sorted({e.key for e in prof.key_averages() if e.device_type.name == "CUDA"})
-
-
-def copy_bandwidth():
-    """Device-to-device copy rate (bytes read + written per second) of a 2 GiB tensor."""
-    x = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
-    y = torch.empty_like(x)
-    ms = median_ms(lambda: y.copy_(x), "cuda")
-    del x, y
-    return 2 * (1 << 30) * 2 / (ms * 1e-3)
 
 
 def train_case(ar, B, T, H, D):
@@ -175,7 +167,7 @@ def main(argv=None):
         sys.exit("bench.softmax needs a CUDA device")
     import attnrnn as ar
     torch.backends.cuda.matmul.allow_tf32 = False
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth("cuda")
     train = [s for s in TRAIN if not args.quick or s[1] == 4096]
     rows_train = [train_case(ar, *s) for s in train]
     rows_dec = [decode_case(ar, *s, bandwidth) for s in DECODE]
