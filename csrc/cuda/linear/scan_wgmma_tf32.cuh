@@ -33,6 +33,7 @@ __host__ __device__ __forceinline__ int tf32_swizzled(int r, int c) {
   return r * 128 + (((c >> 2) ^ (r & 7)) << 4) + (c & 3) * 4;
 }
 
+// A block's shared memory at inner dim DI (byte offsets): the stages, then Cv^T and S^T.
 template <int DI>
 struct WgmmaTf32Layout {
   using Tiles = WgmmaTf32Tiles<DI>;
