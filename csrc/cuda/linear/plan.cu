@@ -102,9 +102,7 @@ struct Rules {
   int64_t tiled_blocks(Role r, int64_t columns) const {
     return kv_blocks() * ((output_dim(p, r) + columns - 1) / columns);
   }
-  int64_t tf32_blocks(Role r) const {
-    return tiled_blocks(r, WgmmaTf32Tiles<64>::columns);  // both inner dims
-  }
+  int64_t tf32_blocks(Role r) const { return tiled_blocks(r, WgmmaTf32Block::columns); }
   int segments(int64_t blocks, int per_sm, bool sparse_slots = false) const {
     return split_segments(blocks, per_sm, p.seqlen, device.sm_count, forced.segments, sparse_slots);
   }
@@ -180,8 +178,8 @@ struct Rules {
     if (tf32_wgmma(r)) {
       s.kernel = SweepKernel::kWgmmaTf32;
       s.inner = tf32_inner_dim(inner_dim(p, r));
-      s.padded = inner_dim(p, r) != s.inner || output_dim(p, r) % WgmmaTf32Tiles<64>::columns != 0;
-      s.segments = segments(tf32_blocks(r), WgmmaTf32Tiles<64>::blocks_per_sm);
+      s.padded = inner_dim(p, r) != s.inner || output_dim(p, r) % WgmmaTf32Block::columns != 0;
+      s.segments = segments(tf32_blocks(r), WgmmaTf32Block::blocks_per_sm);
     } else if (on_wgmma && padded(r)) {  // the 64-token sweep, its tiles padded
       s.kernel = SweepKernel::kWgmma;
       s.inner = padded_inner(r);

@@ -33,12 +33,15 @@ __host__ __device__ __forceinline__ int tf32_swizzled(int r, int c) {
   return r * 128 + (((c >> 2) ^ (r & 7)) << 4) + (c & 3) * 4;
 }
 
+// A K-major fp32 atom of a chunk's rows: [64 tokens][32 floats], 8 KiB.
+constexpr int kTf32Atom = kChunk * 128;
+
 // A block's shared memory at inner dim DI (byte offsets): the stages, then Cv^T and S^T.
 template <int DI>
 struct WgmmaTf32Layout {
   using Tiles = WgmmaTf32Tiles<DI>;
   static constexpr int NC = Tiles::columns, NS = Tiles::stages, KT = DI / 64;
-  static constexpr int atom = kChunk * 128;      // [64 tokens][32 floats]: 8 KiB
+  static constexpr int atom = kTf32Atom;         // [64 tokens][32 floats]: 8 KiB
   static constexpr int tile = (DI / 32) * atom;  // A or B: [64 tokens][DI dims], 16 or 32 KiB
   static constexpr int cv = kChunk * NC * 4;     // Cv as it lands: [64 tokens][32 columns], row-major, 8 KiB
   static constexpr int stage = 2 * tile + cv;    // 40 or 72 KiB
@@ -75,7 +78,7 @@ __device__ __forceinline__ void tf32_load(unsigned char* dst, const Tf32Source& 
   for (int j = 0; j < kChunk / rows_apart; ++j) {
     const int r = r0 + rows_apart * j;
     const bool valid = r < cl && real;
-    const int at = kKMajor ? (c / 32) * (kChunk * 128) + tf32_swizzled(r, c % 32) : (r * kWidth + c) * 4;
+    const int at = kKMajor ? (c / 32) * kTf32Atom + tf32_swizzled(r, c % 32) : (r * kWidth + c) * 4;
     cp_async16(dst + at, valid ? chunk + r * src.stride_t : src.base, valid);
   }
 }
@@ -89,7 +92,7 @@ __device__ __forceinline__ void tf32_round_own_swizzled_pieces(unsigned char* ti
   const int r0 = tid / per_row, c = (tid % per_row) * 4;
 #pragma unroll
   for (int j = 0; j < kChunk / rows_apart; ++j) {
-    float4* x = reinterpret_cast<float4*>(tile + (c / 32) * (kChunk * 128) + tf32_swizzled(r0 + rows_apart * j, c % 32));
+    float4* x = reinterpret_cast<float4*>(tile + (c / 32) * kTf32Atom + tf32_swizzled(r0 + rows_apart * j, c % 32));
     float4 v = *x;
     if constexpr (kScaled) v = make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
     *x = tf32_rounded(v);
@@ -100,7 +103,7 @@ __device__ __forceinline__ void tf32_round_own_swizzled_pieces(unsigned char* ti
 template <bool kScaled = false>
 __device__ __forceinline__ void tf32_transpose_own_pieces(const unsigned char* cv, unsigned char* cvt, int tid,
                                                           float w = 1.f) {
-  constexpr int NC = WgmmaTf32Tiles<64>::columns;
+  constexpr int NC = WgmmaTf32Block::columns;
   const int r0 = tid / (NC / 4), c = (tid % (NC / 4)) * 4;
 #pragma unroll
   for (int j = 0; j < kChunk / (kScanThreads / (NC / 4)); ++j) {

@@ -73,10 +73,13 @@ struct WgmmaTiles {
 //   ms, 96 3.560, where the mma.sync sweeps took 4.070 and 3.928 and fla 4.174 and 3.747.
 // With the normalizer fp32 stays on mma.sync, which beats fla there (its z sums and the rows' weights
 // would need their own TF32 layouts here). Segments: split_segments' half-the-SMs rule.
+struct WgmmaTf32Block {  // at both inner dims
+  static constexpr int columns = 32, blocks_per_sm = 2;
+};
 template <int DI>
-struct WgmmaTf32Tiles {
+struct WgmmaTf32Tiles : WgmmaTf32Block {
   static_assert(DI == 64 || DI == 128, "inner dim 64 or 128");
-  static constexpr int inner = DI, columns = 32, blocks_per_sm = 2, stages = DI == 64 ? 2 : 1;
+  static constexpr int inner = DI, stages = DI == 64 ? 2 : 1;
   static constexpr int64_t partial_floats = DI * columns;  // a block's pass-1 partial: S [DI][32]
 };
 // The inner dim of the TF32 wgmma sweeps for a real inner dim (<= 128).
