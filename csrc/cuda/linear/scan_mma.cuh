@@ -61,13 +61,11 @@ __global__ void __launch_bounds__(kScanThreads, MmaLayout<T, DI>::min_blocks)
   float* z = fl + L::z;
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
-  // blockIdx.x = (n * segments + seg) * tiles + tile: the tiles of one (sequence, segment) are
-  // neighbours, so the q/k rows they all read come from L2 after the first.
-  const int tiles = tc_tiles<T, R, DI, kPadded>(p), tile = blockIdx.x % tiles;
-  const int64_t out_cols = R == ScanRole::kGradQ || R == ScanRole::kGradK ? K : V;
-  const int64_t inner = R == ScanRole::kForward || R == ScanRole::kGradV ? K : V;  // DI where not kPadded
-  const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
-  const int seg = (blockIdx.x / tiles) % split.segments;
+  const int64_t out_cols = sweep_output_dim<R>(p), inner = sweep_inner_dim<R>(p);  // inner: DI where not kPadded
+  const int tiles = tc_tiles<T, R, DI, kPadded>(p);
+  const SweepBlock block = sweep_block(tiles, split.segments);
+  const int tile = block.tile, seg = block.seg;
+  const int64_t n = block.n, g = block.g;
   const int c0 = tile * NC;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, t2 = (lane & 3) * 2;
   const int r0 = warp * 16;

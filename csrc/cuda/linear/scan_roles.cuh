@@ -138,12 +138,42 @@ struct SegmentSplit {
   }
 };
 
-// Output column tiles of a sweep of the mma.sync scan (kPadded: the last one partly written).
+// A sweep's output dim (the columns its blocks tile) and inner dim (the state's rows): the forward
+// and dv (and the fused dk + dv) write V columns over K, dq and dk K columns over V.
+template <ScanRole R>
+__host__ __device__ inline int64_t sweep_output_dim(const LinearAttnFwdParams& p) {
+  return R == ScanRole::kGradQ || R == ScanRole::kGradK ? p.head_dim_k : p.head_dim_v;
+}
+template <ScanRole R>
+__host__ __device__ inline int64_t sweep_inner_dim(const LinearAttnFwdParams& p) {
+  return R == ScanRole::kGradQ || R == ScanRole::kGradK ? p.head_dim_v : p.head_dim_k;
+}
+// Output tiles of `columns` columns over `out_cols` (kPadded: the last one partly written).
+template <bool kPadded>
+__host__ __device__ inline int sweep_tiles(int64_t out_cols, int columns) {
+  return static_cast<int>(kPadded ? (out_cols + columns - 1) / columns : out_cols / columns);
+}
+
+// A block's place in run_sweep's grid (sequences x segments x tiles, kv heads): blockIdx.x =
+// (n * segments + seg) * tiles + tile, so the tiles of one (sequence, segment) are neighbours and the
+// rows they all read come from L2 after the first; blockIdx.y = g.
+struct SweepBlock {
+  int tile, seg;  // output tile, segment
+  int64_t n, g;   // sequence, kv head
+};
+__device__ __forceinline__ SweepBlock sweep_block(int tiles, int segments) {
+  SweepBlock b;
+  b.tile = blockIdx.x % tiles;
+  b.n = blockIdx.x / tiles / segments;
+  b.g = blockIdx.y;
+  b.seg = (blockIdx.x / tiles) % segments;
+  return b;
+}
+
+// Output column tiles of a sweep of the mma.sync scan.
 template <class T, ScanRole R, int DI, bool kPadded = false>
 __host__ __device__ inline int tc_tiles(const LinearAttnFwdParams& p) {
-  const int64_t out = R == ScanRole::kGradQ || R == ScanRole::kGradK ? p.head_dim_k : p.head_dim_v;
-  constexpr int NC = MmaLayout<T, DI>::NC;
-  return static_cast<int>(kPadded ? (out + NC - 1) / NC : out / NC);
+  return sweep_tiles<kPadded>(sweep_output_dim<R>(p), MmaLayout<T, DI>::NC);
 }
 
 template <class T, int DI>

@@ -79,9 +79,10 @@ __global__ void __launch_bounds__(WgmmaPairLayout::threads, 1)
   const int tid = threadIdx.x, w = tid / 128, t = tid % 128;  // warpgroup, thread in it
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
-  const int tiles = static_cast<int>(((kFwd || Info::dv_like) ? V : K) / D), tile = blockIdx.x % tiles;
-  const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
-  const int seg = (blockIdx.x / tiles) % split.segments;
+  const int tiles = sweep_tiles<false>(sweep_output_dim<R>(p), D);
+  const SweepBlock block = sweep_block(tiles, split.segments);
+  const int tile = block.tile, seg = block.seg;
+  const int64_t n = block.n, g = block.g;
   const int c0 = tile * D;
   const Seq seq = sequence(p, n);
   const float scale = static_cast<float>(p.scale), eps = static_cast<float>(p.eps);

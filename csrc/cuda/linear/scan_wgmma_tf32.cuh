@@ -139,11 +139,11 @@ __global__ void __launch_bounds__(kScanThreads, WgmmaTf32Tiles<DI>::blocks_per_s
   unsigned char* St = smem + L::st;
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads, K = p.head_dim_k, V = p.head_dim_v;
-  const int64_t out_cols = (kFwd || Info::dv_like) ? V : K;
-  const int64_t inner = (kFwd || Info::dv_like) ? K : V;  // DI where not kPadded
-  const int tiles = static_cast<int>(kPadded ? (out_cols + NC - 1) / NC : out_cols / NC), tile = blockIdx.x % tiles;
-  const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
-  const int seg = (blockIdx.x / tiles) % split.segments;
+  const int64_t out_cols = sweep_output_dim<R>(p), inner = sweep_inner_dim<R>(p);  // inner: DI where not kPadded
+  const int tiles = sweep_tiles<kPadded>(out_cols, NC);
+  const SweepBlock block = sweep_block(tiles, split.segments);
+  const int tile = block.tile, seg = block.seg;
+  const int64_t n = block.n, g = block.g;
   const int c0 = tile * NC, tid = threadIdx.x;
   const Seq seq = sequence(p, n);
   const float scale = static_cast<float>(p.scale);

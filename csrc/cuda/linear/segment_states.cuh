@@ -88,10 +88,11 @@ __global__ void __launch_bounds__(kScanThreads, BlocksPerSm)
   float* fl = reinterpret_cast<float*>(ones + L::ones_bytes);  // L::w, L::dd, L::dz (kRowWeights)
 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / p.num_kv_heads;
-  const int64_t out_cols = (kFwd || Info::dv_like) ? p.head_dim_v : p.head_dim_k;
-  const int tiles = static_cast<int>(kPadded ? (out_cols + D - 1) / D : out_cols / D), tile = blockIdx.x % tiles;
-  const int64_t n = blockIdx.x / tiles / split.segments, g = blockIdx.y;
-  const int seg = (blockIdx.x / tiles) % split.segments;
+  const int64_t out_cols = sweep_output_dim<R>(p);
+  const int tiles = sweep_tiles<kPadded>(out_cols, D);
+  const SweepBlock block = sweep_block(tiles, split.segments);
+  const int tile = block.tile, seg = block.seg;
+  const int64_t n = block.n, g = block.g;
   const int tid = threadIdx.x;
   const Seq seq = sequence(p, n);
   const float scale = static_cast<float>(p.scale);
