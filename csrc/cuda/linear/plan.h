@@ -26,7 +26,7 @@ enum class SweepKernel : uint8_t {
   kMma,        // scan_mma.cuh: mma.sync, 64-token chunks (every build)
   kWgmma,      // scan_wgmma.cuh: wgmma, 64-token chunks, one warpgroup per block (sm_90a)
   kWgmmaPair,  // scan_wgmma_pair.cuh: wgmma, 128-token chunks, two warpgroups per block (sm_90a)
-  kWgmmaTf32,  // scan_wgmma_tf32.cuh: fp32 on TF32 wgmma without the normalizer, inner dims <= 64 (sm_90a)
+  kWgmmaTf32,  // scan_wgmma_tf32.cuh: fp32 on TF32 wgmma without the normalizer, inner dims <= 128 (sm_90a)
 };
 
 // Where a split sweep's pass 1 (each segment's change of the state) comes from.
